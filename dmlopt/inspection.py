@@ -1,0 +1,123 @@
+"""`dmlopt inspect`: what a model is and what dmlopt's passes would look at in it.
+
+Counts go over every graph (If/Loop/Scan bodies included), so a user sees the shape
+arithmetic and control flow that keep DirectML from compiling the graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx_ir as ir
+
+from dmlopt.model import ModelLike, initializer_bytes, load
+from dmlopt.report import _io
+
+SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",
+             "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Equal", "Where", "Expand", "Reshape"}
+CONTROL_FLOW = {"If", "Loop", "Scan"}
+LINEAR = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+
+
+def _producer(value: ir.Value | None) -> ir.Node | None:
+    return value.producer() if value is not None else None
+
+
+def shape_arithmetic_nodes(model: ir.Model) -> list[ir.Node]:
+    """Nodes that compute from Shape/Size outputs only: what freezing shapes would fold."""
+    shape_derived: set[int] = set()
+    found = []
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in ("Shape", "Size"):
+            found.append(node)
+            shape_derived.update(id(o) for o in node.outputs)
+            continue
+        if node.op_type in SHAPE_OPS and any(id(i) in shape_derived for i in node.inputs if i is not None):
+            if all(i is None or id(i) in shape_derived or i.const_value is not None
+                   or (i.producer() is not None and i.producer().op_type == "Constant") for i in node.inputs):
+                found.append(node)
+                shape_derived.update(id(o) for o in node.outputs)
+    return found
+
+
+def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None = None) -> dict[str, Any]:
+    """A JSON-ready description of the model (and, with ep='dml', its predicted placement)."""
+    from dmlopt.pipeline import op_counts
+
+    m = load(model)
+    counts = op_counts(m)
+    nodes = list(ir.traversal.RecursiveGraphIterator(m.graph))
+    leaky_sites, prelu, einsums, control = [], [], [], []
+    for node in nodes:
+        if node.op_type == "LeakyRelu":
+            prod = _producer(node.inputs[0])
+            if prod is not None and prod.op_type in LINEAR:
+                alpha = node.attributes.get("alpha")
+                leaky_sites.append({"node": node.name, "producer": prod.op_type, "producer_node": prod.name,
+                                    "alpha": alpha.as_float() if alpha is not None else 0.01})
+        elif node.op_type == "PRelu":
+            prelu.append(node.name)
+        elif node.op_type == "Einsum":
+            eq = node.attributes.get("equation")
+            einsums.append({"node": node.name, "equation": eq.as_string() if eq is not None else None})
+        elif node.op_type in CONTROL_FLOW:
+            control.append({"node": node.name, "op": node.op_type})
+    free_dims = sorted({d.value for v in m.graph.inputs if v.shape is not None for d in v.shape.dims
+                        if not isinstance(d, int) and getattr(d, "value", None)})
+    info: dict[str, Any] = {
+        "inputs": _io([v for v in m.graph.inputs if v.name not in m.graph.initializers]),
+        "outputs": _io(m.graph.outputs),
+        "free_dims": free_dims,
+        "opsets": dict(sorted(m.opset_imports.items())),
+        "ir_version": m.ir_version,
+        "producer": f"{m.producer_name or ''} {m.producer_version or ''}".strip(),
+        "nodes": len(nodes),
+        "op_counts": counts,
+        "initializer_bytes": initializer_bytes(m),
+        "sites": {
+            "conv_leaky_relu": leaky_sites,
+            "prelu": prelu,
+            "einsum": einsums,
+            "shape_arithmetic": len(shape_arithmetic_nodes(m)),
+            "control_flow": control,
+        },
+    }
+    if ep == "dml":
+        from dmlopt import placement
+
+        info["placement"] = placement.predict(m, ort_version=ort_version).to_dict()
+    return info
+
+
+def to_table(info: dict[str, Any]) -> str:
+    from dmlopt.validate import format_table
+
+    lines = []
+    for kind in ("inputs", "outputs"):
+        for v in info[kind]:
+            shape = "x".join(str(d) for d in v["shape"]) if v["shape"] is not None else "?"
+            lines.append(f"{kind[:-1]:<7} {v['name']}: {v['dtype']} [{shape}]")
+    if info["free_dims"]:
+        lines.append(f"free dims: {', '.join(info['free_dims'])} (freeze with --shape or --dim NAME=VALUE)")
+    lines.append("opsets: " + ", ".join(f"{d or 'ai.onnx'}={v}" for d, v in info["opsets"].items()))
+    lines.append(f"nodes: {info['nodes']}   initializers: {info['initializer_bytes'] / 1e6:.2f} MB")
+    lines.append("")
+    rows = [("op", "count")] + [(op, n) for op, n in sorted(info["op_counts"].items(), key=lambda kv: -kv[1])]
+    lines.append(format_table(rows))
+    s = info["sites"]
+    lines.append("")
+    lines.append("what the passes would look at:")
+    lines.append(f"  Conv/ConvTranspose/Gemm/MatMul + LeakyRelu: {len(s['conv_leaky_relu'])}")
+    lines.append(f"  PRelu: {len(s['prelu'])}")
+    eqs = sorted({e['equation'] for e in s['einsum'] if e['equation']})
+    lines.append(f"  Einsum: {len(s['einsum'])}" + (f" ({', '.join(eqs)})" if eqs else ""))
+    lines.append(f"  shape-arithmetic nodes: {s['shape_arithmetic']}")
+    lines.append(f"  If/Loop/Scan: {len(s['control_flow'])}")
+    if "placement" in info:
+        from dmlopt import placement
+
+        lines.append("")
+        lines.append(placement.summary_table(info["placement"]))
+    return "\n".join(lines)

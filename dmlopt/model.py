@@ -1,0 +1,200 @@
+"""Model I/O through onnx_ir: load with clear errors, save atomically, external data.
+
+Why: a user's export may be a path, a ModelProto or an onnx_ir.Model; it may be over
+2 GB with its weights in external data files.  Whatever goes wrong reading it must
+become one readable line (`InputError`), and an output must never be half-written:
+`save` writes into a temporary folder next to the destination and renames.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Union
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from dmlopt.errors import InputError, OutputError
+
+ModelLike = Union[str, os.PathLike, onnx.ModelProto, ir.Model]
+
+# Protobuf cannot serialize more than 2 GiB; above this, weights go to external data.
+PROTOBUF_LIMIT = 2**31 - 1
+# Save weights externally once they pass this size, well below the protobuf limit.
+EXTERNAL_DATA_THRESHOLD = 1_500_000_000
+
+
+def load(model: ModelLike) -> ir.Model:
+    """Load a model from a path, a ModelProto or an onnx_ir.Model (returned as is)."""
+    if isinstance(model, ir.Model):
+        return model
+    if isinstance(model, onnx.ModelProto):
+        _check_has_graph(model, "the given ModelProto")
+        try:
+            return ir.from_proto(model)
+        except Exception as e:  # onnx_ir raises many kinds on malformed protos
+            raise InputError(f"the given ModelProto is not a valid ONNX model: {_short(e)}") from e
+    if isinstance(model, (str, os.PathLike)):
+        return _load_path(pathlib.Path(model))
+    raise InputError(f"cannot load a model from {type(model).__name__}; give a path, an onnx.ModelProto or an onnx_ir.Model")
+
+
+def _load_path(path: pathlib.Path) -> ir.Model:
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not an ONNX file")
+    size = path.stat().st_size
+    if size == 0:
+        raise InputError(f"{path}: empty file, not an ONNX model")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        raise InputError(f"{path}: not a readable ONNX model (truncated or not ONNX: {_short(e)})") from e
+    except Exception as e:  # noqa: BLE001 - protobuf may raise other types on garbage
+        raise InputError(f"{path}: not a readable ONNX model ({_short(e)})") from e
+    _check_has_graph(proto, str(path))
+    _check_external_data(proto, path.parent, str(path))
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{path}: not a valid ONNX model: {_short(e)}") from e
+    _set_base_dir(model, path.parent)
+    return model
+
+
+def _check_has_graph(proto: onnx.ModelProto, where: str) -> None:
+    if not proto.HasField("graph"):
+        raise InputError(f"{where}: not an ONNX model (no graph)")
+    if proto.ir_version == 0 and not proto.opset_import:
+        raise InputError(f"{where}: not an ONNX model (no IR version and no opset)")
+
+
+def _iter_tensor_protos(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            if attr.HasField("g"):
+                yield from _iter_tensor_protos(attr.g)
+            for g in attr.graphs:
+                yield from _iter_tensor_protos(g)
+
+
+def _check_external_data(proto: onnx.ModelProto, base: pathlib.Path, where: str) -> None:
+    """Every external tensor's file must exist and be long enough: fail now, not mid-run."""
+    sizes: dict[str, int] = {}
+    for t in _iter_tensor_protos(proto.graph):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        file = (base / location).resolve()
+        if location not in sizes:
+            if not location or not file.is_file():
+                raise InputError(f"{where}: external data file '{location}' for tensor '{t.name}' is missing")
+            sizes[location] = file.stat().st_size
+        end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        if end > sizes[location]:
+            raise InputError(f"{where}: external data file '{location}' is too short for tensor '{t.name}' (truncated?)")
+
+
+def _set_base_dir(model: ir.Model, base: pathlib.Path) -> None:
+    for tensor in _all_initializer_tensors(model):
+        if isinstance(tensor, ir.ExternalTensor):
+            tensor.base_dir = str(base)
+
+
+def _all_initializer_tensors(model: ir.Model):
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                yield value.const_value
+
+
+def initializer_bytes(model: ir.Model) -> int:
+    """Bytes held in initializers and Constant nodes, the part of a file that folding can grow."""
+    total = 0
+    for tensor in _all_initializer_tensors(model):
+        total += tensor.nbytes
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.TENSOR:
+                    total += attr.value.nbytes
+    return total
+
+
+def to_proto(model: ir.Model) -> onnx.ModelProto:
+    """Serialize, keeping external tensors as references (no weights are read)."""
+    return ir.to_proto(model)
+
+
+def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None,
+         protect: tuple[str | os.PathLike, ...] = ()) -> pathlib.Path:
+    """Write `model` to `path` atomically; weights go to `<name>.data` when large.
+
+    `protect` names files that must not be overwritten (the input model and its data).
+    Returns the path written.
+    """
+    model = load(model)
+    dest = pathlib.Path(path)
+    data_name = dest.name + ".data"
+    guarded = {_real(p) for p in protect}
+    if _real(dest) in guarded or _real(dest.parent / data_name) in guarded:
+        raise OutputError(f"{dest}: refusing to overwrite the input model")
+    if dest.is_dir():
+        raise OutputError(f"{dest}: is a directory")
+    parent = dest.parent if str(dest.parent) else pathlib.Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{dest}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"{dest}: folder {parent} is not writable")
+    if external_data is None:
+        external_data = initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD
+    try:
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent))
+    except OSError as e:
+        raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
+    try:
+        if external_data:
+            ir.save(model, tmp / dest.name, external_data=data_name)
+            os.replace(tmp / data_name, parent / data_name)
+        else:
+            ir.save(model, tmp / dest.name)
+        os.replace(tmp / dest.name, dest)
+    except OSError as e:
+        raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def external_data_files(path: str | os.PathLike) -> list[pathlib.Path]:
+    """The external data files a saved model refers to (for protecting the input)."""
+    p = pathlib.Path(path)
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception:  # noqa: BLE001
+        return []
+    files = set()
+    for t in _iter_tensor_protos(proto.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    files.add(p.parent / e.value)
+    return sorted(files)
+
+
+def _real(p) -> str:
+    return os.path.realpath(os.fspath(p))
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:200]

@@ -1,0 +1,129 @@
+"""The report: what each pass changed or declined, what was measured; JSON and a table.
+
+The JSON schema (documented in README.md, key names are stable):
+  dmlopt_version, target, ort_version, options,
+  input  {nodes, op_counts, initializer_bytes, inputs, outputs}
+  output {nodes, op_counts, initializer_bytes}
+  passes [{name, modified, seconds, nodes_before, nodes_after, op_delta, sites, notes}]
+  choices [{pass, option, choice, how, candidates}]   options resolved from "auto"
+  validation {passed, inputs, seed, outputs [{name, max_abs, max_rel, cosine, ...}]}
+  broken_by    first pass that broke numerics (when validation failed)
+  timing       {before, after, ratio} when re-timed
+  placement    {before, after} predicted DirectML placement, when computed
+  written      the output path, or null when nothing was written
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import onnx_ir as ir
+
+import dmlopt
+from dmlopt.validate import format_table
+
+
+def _io(values) -> list[dict[str, Any]]:
+    out = []
+    for v in values:
+        dims = [d if isinstance(d, int) else (getattr(d, "value", None) or "?")
+                for d in (v.shape.dims if v.shape is not None else ())]
+        out.append({"name": v.name, "dtype": v.dtype.name.lower() if v.dtype is not None else None,
+                    "shape": dims if v.shape is not None else None})
+    return out
+
+
+@dataclasses.dataclass
+class Report:
+    target: str
+    ort_version: str | None
+    options: dict[str, Any]
+    input: dict[str, Any]
+    output: dict[str, Any] = dataclasses.field(default_factory=dict)
+    passes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    choices: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    validation: dict[str, Any] | None = None
+    broken_by: str | None = None
+    timing: dict[str, Any] | None = None
+    placement: dict[str, Any] | None = None
+    written: str | None = None
+    forced: bool = False
+
+    @classmethod
+    def start(cls, model: ir.Model, *, target: str, ort_version: str | None, options: dict[str, Any]) -> "Report":
+        from dmlopt.model import initializer_bytes
+        from dmlopt.pipeline import op_counts
+
+        counts = op_counts(model)
+        return cls(target=target, ort_version=ort_version, options=dict(options),
+                   input={"nodes": sum(counts.values()), "op_counts": counts,
+                          "initializer_bytes": initializer_bytes(model),
+                          "inputs": _io(model.graph.inputs), "outputs": _io(model.graph.outputs)})
+
+    def add_pass(self, p, *, before: dict[str, int], after: dict[str, int], modified: bool, seconds: float) -> None:
+        delta = {op: after.get(op, 0) - before.get(op, 0) for op in sorted(set(before) | set(after))
+                 if after.get(op, 0) != before.get(op, 0)}
+        self.passes.append({
+            "name": p.name, "modified": bool(modified), "seconds": round(seconds, 4),
+            "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
+            "op_counts_before": before, "op_counts_after": after, "op_delta": delta,
+            "sites": [s.to_dict() for s in p.sites], "notes": list(p.notes),
+        })
+
+    def add_choice(self, pass_name: str, option: str, choice: str, record: dict[str, Any]) -> None:
+        self.choices.append({"pass": pass_name, "option": option, "choice": choice, **record})
+
+    def finish(self, model: ir.Model, bytes_in: int, bytes_out: int) -> None:
+        from dmlopt.pipeline import op_counts
+
+        counts = op_counts(model)
+        self.output = {"nodes": sum(counts.values()), "op_counts": counts, "initializer_bytes": bytes_out}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d = {"dmlopt_version": dmlopt.__version__, **d}
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def to_table(self) -> str:
+        """A readable summary for a terminal: per pass, then validation and timing."""
+        rows = [("pass", "nodes", "changed", "rewrote", "declined", "time")]
+        for p in self.passes:
+            rewrote = sum(1 for s in p["sites"] if s["action"] == "rewrote")
+            declined = sum(1 for s in p["sites"] if s["action"] == "declined")
+            delta = ", ".join(f"{op} {n:+d}" for op, n in p["op_delta"].items()) or "-"
+            rows.append((p["name"], f"{p['nodes_before']} -> {p['nodes_after']}", delta[:60], rewrote, declined,
+                         f"{p['seconds']:.2f}s"))
+        parts = [format_table(rows)]
+        declines = [(p["name"], s) for p in self.passes for s in p["sites"] if s["action"] == "declined"]
+        if declines:
+            parts.append("declined:\n" + "\n".join(f"  {name}: {s['node']} ({s['op']}): {s['detail']}"
+                                                   for name, s in declines[:40]))
+            if len(declines) > 40:
+                parts.append(f"  ... and {len(declines) - 40} more (see the JSON report)")
+        notes = [(p["name"], n) for p in self.passes for n in p["notes"]]
+        if notes:
+            parts.append("notes:\n" + "\n".join(f"  {name}: {n}" for name, n in notes))
+        for c in self.choices:
+            parts.append(f"{c['pass']} --{c['option'].replace('_', '-')}: chose {c['choice']} ({c.get('how', '')})")
+        if self.validation is not None:
+            parts.append(_validation_table(self.validation))
+            if self.broken_by:
+                parts.append(f"first failing pass: {self.broken_by}")
+        if self.timing:
+            t = self.timing
+            parts.append(f"latency on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms "
+                         f"(x{t['speedup']:.2f})")
+        return "\n\n".join(parts)
+
+
+def _validation_table(v: dict[str, Any]) -> str:
+    rows = [("output", "max abs", "max rel", "cosine", "result")]
+    for o in v["outputs"]:
+        rows.append((o["name"], f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}", f"{o['cosine']:.6f}",
+                     "ok" if o["passed"] else "FAIL"))
+    return "validation (ORT CPU EP, " + ("passed" if v["passed"] else "FAILED") + "):\n" + format_table(rows)

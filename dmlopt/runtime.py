@@ -1,0 +1,178 @@
+"""ONNX Runtime sessions for dmlopt: providers by target, sessions from in-memory models, inputs.
+
+Why one module: validation (CPU EP), timing (DirectML/CUDA/CPU) and tuning all need the
+same three things: which provider a target means and whether it is here; a session
+from an ``onnx_ir.Model`` (bytes when small, a temporary file with external data when
+over protobuf's 2 GB); and concrete inputs for an input whose dims may be symbolic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from dmlopt.errors import InputError, ProviderError
+
+PROVIDERS = {
+    "dml": "DmlExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+}
+# "auto" means the best GPU provider present, else the CPU.
+AUTO_ORDER = ("dml", "cuda", "cpu")
+
+
+def ort():
+    import onnxruntime
+
+    return onnxruntime
+
+
+def available_providers() -> list[str]:
+    return list(ort().get_available_providers())
+
+
+def has_target(target: str) -> bool:
+    return PROVIDERS[target] in available_providers()
+
+
+def resolve_ep(ep: str) -> str:
+    """'auto' -> the best target present; a named target must be present (never a silent fallback)."""
+    if ep == "auto":
+        for target in AUTO_ORDER:
+            if has_target(target):
+                return target
+        return "cpu"
+    if ep not in PROVIDERS:
+        raise ProviderError(f"unknown execution provider '{ep}' (choose from auto, {', '.join(PROVIDERS)})")
+    if not has_target(ep):
+        raise ProviderError(
+            f"{PROVIDERS[ep]} is not available here; providers present: {', '.join(available_providers())}"
+            + (" (DirectML needs onnxruntime-directml on Windows)" if ep == "dml" else "")
+            + (" (CUDA needs onnxruntime-gpu: pip install 'dmlopt[gpu]')" if ep == "cuda" else ""))
+    return ep
+
+
+def provider_entry(target: str, options: Mapping[str, Any] | None = None):
+    name = PROVIDERS[target]
+    opts = dict(options or {})
+    if target == "dml":
+        opts.setdefault("device_id", 0)
+    return (name, {k: str(v) for k, v in opts.items()}) if opts else name
+
+
+@contextlib.contextmanager
+def model_source(model: ir.Model) -> Iterator[str | bytes]:
+    """Bytes for ORT when the model fits in one protobuf, else a temp file with external data."""
+    proto = ir.to_proto(model)
+    if proto.ByteSize() < 2**31 - 1 and not _has_external(model):
+        yield proto.SerializeToString()
+        return
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="dmlopt-ort-"))
+    try:
+        path = tmp / "model.onnx"
+        ir.save(model, path, external_data="model.onnx.data")
+        yield str(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _has_external(model: ir.Model) -> bool:
+    for graph in model.graphs():
+        for v in graph.initializers.values():
+            if isinstance(v.const_value, ir.ExternalTensor):
+                return True
+    return False
+
+
+def session(model: ir.Model, target: str = "cpu", *, provider_options=None, optimize: bool = True,
+            session_config: Mapping[str, str] | None = None, free_dims: Mapping[str, int] | None = None,
+            profile_dir: str | None = None, log_severity: int | None = None):
+    """An InferenceSession of `model` on `target`.  `optimize=False` turns ORT's rewrites off,
+    which validation uses so that the graph itself is compared, not ORT's version of it."""
+    rt = ort()
+    so = rt.SessionOptions()
+    so.graph_optimization_level = (rt.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                   else rt.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    if target == "dml":
+        so.enable_mem_pattern = False
+        so.execution_mode = rt.ExecutionMode.ORT_SEQUENTIAL
+    for k, v in (session_config or {}).items():
+        so.add_session_config_entry(k, str(v))
+    for name, value in (free_dims or {}).items():
+        so.add_free_dimension_override_by_name(name, int(value))
+    if profile_dir:
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(profile_dir, "dmlopt")
+    if log_severity is not None:
+        so.log_severity_level = log_severity
+    providers = [provider_entry(target, provider_options)]
+    if target != "cpu":
+        providers.append("CPUExecutionProvider")
+    with model_source(model) as src:
+        try:
+            return rt.InferenceSession(src, sess_options=so, providers=providers)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+            raise InputError(f"ONNX Runtime cannot load the model: {_first_line(e)}") from e
+
+
+NUMPY_TYPES = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
+}
+
+
+def input_specs(model: ir.Model, shapes: Mapping[str, list[int]] | None = None,
+                dims: Mapping[str, int] | None = None) -> dict[str, tuple[list[int], Any]]:
+    """Concrete (shape, numpy dtype) per graph input: user shapes, then dims, symbolic -> 1."""
+    shapes = shapes or {}
+    dims = dims or {}
+    specs = {}
+    for value in model.graph.inputs:
+        if value.name in model.graph.initializers:
+            continue
+        if value.name in shapes:
+            shape = [int(d) for d in shapes[value.name]]
+        else:
+            shape = []
+            for d in (value.shape.dims if value.shape is not None else ()):
+                if isinstance(d, int):
+                    shape.append(d)
+                elif d is not None and getattr(d, "value", None) in dims:
+                    shape.append(int(dims[d.value]))
+                else:
+                    shape.append(1)
+        dtype = value.dtype.numpy() if value.dtype is not None else np.float32
+        specs[value.name] = (shape, dtype)
+    return specs
+
+
+def random_inputs(specs: Mapping[str, tuple[list[int], Any]], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs: normal floats, small non-negative ints (safe as indices), random bools."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, (shape, dtype) in specs.items():
+        dtype = np.dtype(dtype)
+        if dtype.kind == "f":
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            feeds[name] = rng.integers(0, 2, size=shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            raise InputError(f"input '{name}' has dtype {dtype}, which dmlopt cannot generate; pass --inputs FILE.npz")
+    return feeds
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]

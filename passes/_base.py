@@ -1,0 +1,152 @@
+"""What every dmlopt pass shares: its options, its context and its site log.
+
+A dmlopt pass is an ``onnx_ir.passes.InPlacePass``.  On top of the onnx_ir contract it
+declares ``name`` (the CLI name), ``summary`` (one line for ``dmlopt passes``) and
+``options`` (each becomes ``--flag`` on ``dmlopt optimize`` and a keyword of
+``dmlopt.optimize``).  While it runs it logs every site it looked at, rewritten or
+declined with a reason, so the report can say what changed and why not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Sequence
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A user-facing knob of a pass (``--leaky-relu auto``, ``leaky_relu="auto"``)."""
+
+    name: str  # python name; the CLI flag is "--" + name with "_" -> "-"
+    default: Any
+    help: str
+    choices: Sequence[str] | None = None
+    type: Callable[[str], Any] = str
+    # "auto" is resolved by measuring the candidates on the target (dmlopt.tune).
+    tunable: bool = False
+    # What "auto" means when nothing can be measured: target -> choice.
+    auto_default: dict[str, str] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclasses.dataclass
+class PassContext:
+    """What a pass may know about the job: the target and the user's settings."""
+
+    target: str = "dml"  # dml | cuda | cpu
+    ort_version: str | None = None  # the ONNX Runtime version deployed on the target
+    shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    dims: dict[str, int] = dataclasses.field(default_factory=dict)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Site:
+    """One place in the graph a pass looked at."""
+
+    pass_name: str
+    node: str
+    op: str
+    action: str  # "rewrote" | "declined" | "kept"
+    detail: str
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"node": self.node, "op": self.op, "action": self.action, "detail": self.detail}
+        d.update(self.extra)
+        return d
+
+
+class DmlPass(ir.passes.InPlacePass):
+    """Base class of dmlopt passes (in place: the pipeline clones the input once)."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+    # Position in the default pipeline (lower runs first).
+    order: ClassVar[float] = 50.0
+
+    def __init__(self, context: PassContext | None = None):
+        super().__init__()
+        self.context = context or PassContext()
+        self.sites: list[Site] = []
+        self.notes: list[str] = []
+        self._seen: set[tuple[str, str, str]] = set()
+
+    # -- settings -----------------------------------------------------------
+    def option(self, name: str) -> Any:
+        for opt in self.options:
+            if opt.name == name:
+                return self.context.options.get(name, opt.default)
+        raise KeyError(f"{self.name} has no option {name!r}")
+
+    def enabled(self) -> bool:
+        """Whether the pass has anything to do under this context (fp16 only when asked)."""
+        return True
+
+    # -- the site log ---------------------------------------------------------
+    def rewrote(self, node: ir.Node | str, detail: str, **extra: Any) -> None:
+        self._log(node, "rewrote", detail, extra)
+
+    def declined(self, node: ir.Node | str, reason: str, **extra: Any) -> None:
+        self._log(node, "declined", reason, extra)
+
+    def kept(self, node: ir.Node | str, reason: str, **extra: Any) -> None:
+        self._log(node, "kept", reason, extra)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def _log(self, node: ir.Node | str, action: str, detail: str, extra: dict[str, Any]) -> None:
+        if isinstance(node, ir.Node):
+            name, op = node.name or f"<{node.op_type}>", node.op_type
+        else:
+            name, op = str(node), ""
+        key = (name, action, detail)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.sites.append(Site(self.name, name, op, action, detail, dict(extra)))
+
+
+class SiteRule(pattern.RewriteRuleClassBase):
+    """An onnxscript rewrite rule that reports each declined site to its pass.
+
+    ``check`` implementations call ``self.decline(context, node, reason)`` which logs
+    the site and returns the failed MatchResult, so the reason reaches the report.
+    """
+
+    def __init__(self, owner: DmlPass | None = None, name: str | None = None):
+        super().__init__(name)
+        self.owner = owner
+
+    def decline(self, node: ir.Node | None, reason: str) -> pattern.MatchResult:
+        if self.owner is not None and node is not None:
+            self.owner.declined(node, reason)
+        return pattern.MatchResult().fail(reason)
+
+    def accepted(self, node: ir.Node | None, detail: str, **extra: Any) -> None:
+        if self.owner is not None and node is not None:
+            self.owner.rewrote(node, detail, **extra)
+
+
+def apply_rules(model: ir.Model, rules: Sequence[pattern.RewriteRule]) -> int:
+    """Apply rewrite rules to the model (main graph, subgraphs, functions); count rewrites."""
+    rule_set = pattern.RewriteRuleSet(list(rules))
+    return rule_set.apply_to_model(model)
+
+
+def restore(model: ir.Model, backup: ir.Model) -> None:
+    """Put `backup`'s graph and functions back into `model` (undo an in-place attempt)."""
+    model.graph = backup.graph
+    model.functions.clear()
+    model.functions.update(backup.functions)
+    model.opset_imports.clear()
+    model.opset_imports.update(backup.opset_imports)
