@@ -76,3 +76,21 @@ def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 
         out["models"][name] = {"load_s": timers[name].load_s, "latency_ms": summary(times[name]),
                                "ratio_median": float(statistics.median(ratios))}
     return out
+
+
+def to_table(result: dict[str, Any]) -> str:
+    """Readable form of `time_model` or `compare` output."""
+    from dmlopt.validate import format_table
+
+    if "models" not in result:
+        lat = result["latency_ms"]
+        rows = [("provider", "load s", "min ms", "median ms", "p90 ms", "runs"),
+                (result["provider"], f"{result['load_s']:.3f}", f"{lat['min']:.3f}", f"{lat['median']:.3f}",
+                 f"{lat['p90']:.3f}", lat["runs"])]
+        return format_table(rows)
+    rows = [("model", "load s", "min ms", "median ms", "p90 ms", f"ratio vs {result['baseline']}")]
+    for name, m in result["models"].items():
+        lat = m["latency_ms"]
+        rows.append((name, f"{m['load_s']:.3f}", f"{lat['min']:.3f}", f"{lat['median']:.3f}", f"{lat['p90']:.3f}",
+                     f"{m['ratio_median']:.3f}"))
+    return f"provider: {result['provider']}\n" + format_table(rows)

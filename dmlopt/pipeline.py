@@ -85,12 +85,40 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_model(model: ir.Model, where: str) -> None:
     """onnx checker + shape inference; raise if a pass produced an invalid model."""
-    proto = ir.to_proto(model)
+    proto = _without_external_data(ir.to_proto(model))
     try:
         onnx.checker.check_model(proto)
         onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False)
     except Exception as e:  # noqa: BLE001
         raise PassBroke(f"{where} produced an invalid model: {str(e).strip().splitlines()[0][:300]}") from e
+
+
+def _without_external_data(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The checker would look for external files relative to the working folder (and read
+    them).  The data was checked at load time, so each external initializer is checked as a
+    graph input of the same type and shape instead: checker and shape inference need only that."""
+    for graph in _graphs(proto.graph):
+        external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        if not external:
+            continue
+        keep = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        declared = {i.name for i in graph.input}
+        for t in external:
+            if t.name not in declared:
+                graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return proto
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _graphs(attr.g)
+            for g in attr.graphs:
+                yield from _graphs(g)
 
 
 class PassBroke(DmlOptError):

@@ -127,3 +127,29 @@ def _validation_table(v: dict[str, Any]) -> str:
         rows.append((o["name"], f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}", f"{o['cosine']:.6f}",
                      "ok" if o["passed"] else "FAIL"))
     return "validation (ORT CPU EP, " + ("passed" if v["passed"] else "FAILED") + "):\n" + format_table(rows)
+
+
+def write(rep: Report, path) -> None:
+    """Write the report atomically: JSON for a .json path, a self-contained page for .html."""
+    import os
+    import tempfile
+
+    from dmlopt.errors import OutputError, UsageError
+
+    path = os.fspath(path)
+    if path.endswith(".json"):
+        text = rep.to_json()
+    elif path.endswith(".html"):
+        from dmlopt import html_report
+
+        text = html_report.render(rep)
+    else:
+        raise UsageError(f"--report {path}: the name must end in .json or .html")
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp", dir=parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write the report: {e.strerror or e}") from e

@@ -1,0 +1,274 @@
+"""The `dmlopt` command: optimize | inspect | validate | bench | passes | demo.
+
+Exit codes: 0 ok, 1 a check failed (numerics), 2 bad input or usage.  Every error the
+user can act on is one line on stderr, never a traceback (DMLOPT_DEBUG=1 shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from dmlopt import __version__
+from dmlopt.errors import DmlOptError, UsageError
+
+EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit 2), not usage + error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _add_shape_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", action="append", default=[], metavar="NAME:D0,D1,...",
+                   help="fix an input's shape (repeatable); NAME:[D0,D1] (Polygraphy style) also accepted")
+    p.add_argument("--overwrite-input-shape", dest="shape", action="append", help=argparse.SUPPRESS)
+    p.add_argument("--dim", action="append", default=[], metavar="DIM=VALUE",
+                   help="fix a named dynamic dimension everywhere, e.g. --dim batch=1 (repeatable)")
+
+
+def _shapes(args) -> tuple[dict, dict]:
+    shapes, dims = {}, {}
+    if not (args.shape or args.dim):
+        return shapes, dims
+    from dmlopt.shapes import parse_dim, parse_shape
+
+    for text in args.shape or []:
+        name, value = parse_shape(text)
+        shapes[name] = value
+    for text in args.dim or []:
+        name, value = parse_dim(text)
+        dims[name] = value
+    return shapes, dims
+
+
+def _progress(args):
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+        return None
+
+    def show(step: str) -> None:
+        print(f"dmlopt: {step} ...", file=sys.stderr, flush=True)
+
+    return show
+
+
+def build_parser() -> Parser:
+    from dmlopt.pipeline import pass_options
+
+    parser = Parser(prog="dmlopt", description="Prepare exported ONNX models for fast DirectML deployment.")
+    parser.add_argument("--version", action="version", version=f"dmlopt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    p = sub.add_parser("optimize", help="rewrite a model for the target, validate it, write it",
+                       description="Run the default pipeline (or --passes), check numerics against the input "
+                                   "and write the output only if it matches (exit 1 otherwise).")
+    p.add_argument("model", help="input .onnx")
+    p.add_argument("output_pos", nargs="?", metavar="OUT", help="output .onnx (or use -o)")
+    p.add_argument("-o", "--output", help="output .onnx (never the input)")
+    _add_shape_args(p)
+    p.add_argument("--passes", help="comma-separated pass names (default: every pass that applies); see `dmlopt passes`")
+    p.add_argument("--target", default="dml", choices=["dml", "cuda", "cpu"], help="deployment provider (default dml)")
+    p.add_argument("--ort-version", help="ONNX Runtime version deployed on the target, e.g. 1.14 (default: newest)")
+    p.add_argument("--report", metavar="PATH", help="write the report: JSON if PATH ends in .json, HTML if .html")
+    p.add_argument("--no-validate", action="store_true", help="skip the numerics check (not recommended)")
+    p.add_argument("--force", action="store_true", help="write the output even if validation fails (the report says so)")
+    p.add_argument("--tune", action="store_true", help="measure pass variants on the target provider (must be present)")
+    p.add_argument("--inputs", metavar="FILE.npz", help="inputs for validation instead of seeded random ones")
+    p.add_argument("--atol", type=float, help="absolute tolerance for validation (default by dtype)")
+    p.add_argument("--rtol", type=float, help="tolerance relative to the output's magnitude (default by dtype)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    seen = set()
+    for name, (cls, opt) in pass_options().items():
+        if opt.flag in seen:
+            continue
+        seen.add(opt.flag)
+        p.add_argument(opt.flag, dest=f"opt_{name}", choices=opt.choices, type=opt.type, default=None,
+                       help=f"[{cls.name}] {opt.help} (default: {opt.default})")
+
+    p = sub.add_parser("inspect", help="inputs, outputs, op histogram and what the passes would look at")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--ep", choices=["dml"], help="predict placement on this provider (dml)")
+    p.add_argument("--ort-version", help="ONNX Runtime version for the placement model (default: newest)")
+
+    p = sub.add_parser("validate", help="compare two models' outputs on ORT's CPU EP",
+                       description="Run REF and CAND on the same seeded random inputs (or --inputs) and compare "
+                                   "every output: max abs error, max relative error, cosine. Exit 1 on mismatch.")
+    p.add_argument("ref")
+    p.add_argument("cand")
+    _add_shape_args(p)
+    p.add_argument("--inputs", metavar="FILE.npz")
+    p.add_argument("--atol", type=float)
+    p.add_argument("--rtol", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("bench", help="time a model on a provider (session creation, latency)")
+    p.add_argument("model")
+    p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu"])
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    _add_shape_args(p)
+    p.add_argument("--compare", metavar="OTHER", help="time OTHER in alternation with MODEL and report ratios")
+    p.add_argument("--json", action="store_true")
+
+    sub.add_parser("passes", help="list every pass with a one-line description and its options")
+
+    p = sub.add_parser("demo", help="optimize the bundled models and show a before/after table")
+    p.add_argument("-o", "--output-dir", default="dmlopt-demo", help="where to write the optimized models")
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("-q", "--quiet", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return EXIT_USAGE
+        return COMMANDS[args.command](args)
+    except DmlOptError as e:
+        print(f"dmlopt: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("dmlopt: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug in dmlopt: still one line, unless debugging
+        if os.environ.get("DMLOPT_DEBUG"):
+            raise
+        print(f"dmlopt: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+              f"(set DMLOPT_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def cmd_optimize(args) -> int:
+    import dmlopt
+    from dmlopt import report as report_mod
+    from dmlopt.model import external_data_files
+
+    output = args.output or args.output_pos
+    if not output:
+        raise UsageError("no output given: dmlopt optimize MODEL -o OUT")
+    if args.output and args.output_pos:
+        raise UsageError("give the output once: either OUT or -o OUT")
+    shapes, dims = _shapes(args)
+    protect = (args.model, *external_data_files(args.model))
+    _check_output_path(output, protect)
+    options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
+    result = dmlopt.optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
+                             ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
+                             inputs=args.inputs, atol=args.atol, rtol=args.rtol, progress=_progress(args),
+                             **options)
+    rep = result.report
+    ok = result.passed
+    if ok or args.force:
+        dmlopt.save(result.model, output, protect=protect)
+        rep.written = os.fspath(output)
+        rep.forced = not ok
+    if args.report:
+        report_mod.write(rep, args.report)
+    print(rep.to_json() if args.json else rep.to_table())
+    if not ok:
+        where = f" (first failing pass: {rep.broken_by})" if rep.broken_by else ""
+        if args.force:
+            print(f"dmlopt: warning: validation FAILED{where}; output written anyway because of --force",
+                  file=sys.stderr)
+        else:
+            print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
+                  f"(--force writes it anyway)", file=sys.stderr)
+        return EXIT_CHECK
+    print(f"wrote {output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _check_output_path(output: str, protect) -> None:
+    """Fail before the work, not after: -o must not be the input and its folder must be writable."""
+    from dmlopt.errors import OutputError
+
+    real = os.path.realpath(output)
+    for p in protect:
+        if os.path.realpath(p) in (real, real + ".data"):
+            raise OutputError(f"{output}: refusing to overwrite the input model")
+    parent = os.path.dirname(os.path.abspath(output))
+    if os.path.isdir(output):
+        raise OutputError(f"{output}: is a directory")
+    if not os.path.isdir(parent):
+        raise OutputError(f"{output}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"{output}: folder {parent} is not writable")
+
+
+def cmd_inspect(args) -> int:
+    from dmlopt.inspection import inspect, to_table
+
+    info = inspect(args.model, ep=args.ep, ort_version=args.ort_version)
+    print(json.dumps(info, indent=2, default=str) if args.json else to_table(info))
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from dmlopt.validate import validate
+
+    shapes, dims = _shapes(args)
+    v = validate(args.ref, args.cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
+                 rtol=args.rtol, seed=args.seed)
+    print(json.dumps(v.to_dict(), indent=2) if args.json else v.to_table())
+    return EXIT_OK if v.passed else EXIT_CHECK
+
+
+def cmd_bench(args) -> int:
+    from dmlopt import bench, runtime
+    from dmlopt.model import load
+
+    if args.runs < 1 or args.warmup < 0:
+        raise UsageError("--runs must be >= 1 and --warmup >= 0")
+    shapes, dims = _shapes(args)
+    target = runtime.resolve_ep(args.ep)
+    model = load(args.model)
+    if args.compare:
+        out = bench.compare({"model": model, "other": load(args.compare)}, target, runs=args.runs,
+                            warmup=args.warmup, shapes=shapes, dims=dims, free_dims=dims)
+    else:
+        out = bench.time_model(model, target, runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims,
+                               free_dims=dims)
+    print(json.dumps(out, indent=2) if args.json else bench.to_table(out))
+    return EXIT_OK
+
+
+def cmd_passes(args) -> int:
+    from dmlopt.passes import all_passes
+
+    for name, cls in all_passes().items():
+        print(f"{name:<16} {cls.summary}")
+        for opt in cls.options:
+            choices = f" {{{'|'.join(opt.choices)}}}" if opt.choices else ""
+            print(f"{'':<16}   {opt.flag}{choices}: {opt.help} (default: {opt.default})")
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    from dmlopt import demo
+
+    return demo.run(output_dir=args.output_dir, runs=args.runs, quiet=args.quiet)
+
+
+COMMANDS = {
+    "optimize": cmd_optimize,
+    "inspect": cmd_inspect,
+    "validate": cmd_validate,
+    "bench": cmd_bench,
+    "passes": cmd_passes,
+    "demo": cmd_demo,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Package data: the bundled demo models and the DirectML placement tables."""
