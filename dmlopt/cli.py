@@ -40,22 +40,19 @@ def _shapes(args) -> tuple[dict, dict]:
     from dmlopt.shapes import parse_dim, parse_shape
 
     for text in args.shape or []:
-        name, value = parse_shape(text)
-        shapes[name] = value
+        shapes.update(parse_shape(text))
     for text in args.dim or []:
-        name, value = parse_dim(text)
-        dims[name] = value
+        dims.update(parse_dim(text))
     return shapes, dims
 
 
 def _progress(args):
-    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+    """Step lines and bars on an interactive stderr (dmlopt.progress); None with -q or when piped."""
+    from dmlopt.progress import Steps, is_terminal
+
+    if getattr(args, "quiet", False) or not is_terminal(sys.stderr):
         return None
-
-    def show(step: str) -> None:
-        print(f"dmlopt: {step} ...", file=sys.stderr, flush=True)
-
-    return show
+    return Steps(sys.stderr)
 
 
 def build_parser() -> Parser:
@@ -110,14 +107,30 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("bench", help="time a model on a provider (session creation, latency)")
+    p = sub.add_parser("bench", help="time a model on a provider (session creation, latency, copies)",
+                       description="Create a session, warm up (profiled: copies are counted from ORT's profile), "
+                                   "then time N runs with fixed inputs (IO binding on GPU providers). Asking for a "
+                                   "provider that is not here is an error, never a silent CPU run.")
     p.add_argument("model")
-    p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu"])
-    p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu"],
+                   help="provider (default auto: DirectML, else CUDA, else CPU)")
+    p.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed, profiled runs first (default 3)")
     _add_shape_args(p)
     p.add_argument("--compare", metavar="OTHER", help="time OTHER in alternation with MODEL and report ratios")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="provider option (repeatable): DirectML device_id, performance_preference, "
+                        "disable_metacommands; CUDA cudnn_conv_algo_search, prefer_nhwc, use_tf32; "
+                        "session.* keys are session config entries")
+    p.add_argument("--disable-metacommands", action="store_true",
+                   help="DirectML: run without vendor metacommands (= --provider-option disable_metacommands=true)")
+    p.add_argument("--tune-ep", action="store_true",
+                   help="time every combination of the provider's options that matter and report the best")
+    p.add_argument("--emulate", metavar="dml-VERSION",
+                   help="time as DirectML of that ORT version would place the graph (e.g. dml-1.14): predicted "
+                        "CPU nodes on the CPU EP, the rest on CUDA when present")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
     sub.add_parser("passes", help="list every pass with a one-line description and its options")
 
@@ -231,16 +244,31 @@ def cmd_bench(args) -> int:
 
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
+    if args.emulate and (args.compare or args.tune_ep or args.ep != "auto"):
+        raise UsageError("--emulate picks its own providers: it cannot be combined with --ep, --compare or --tune-ep")
+    if args.compare and args.tune_ep:
+        raise UsageError("--tune-ep times one model: drop --compare")
     shapes, dims = _shapes(args)
+    progress = _progress(args)
+    if args.emulate:
+        bench.parse_emulate(args.emulate)
+        out = bench.time_emulated(load(args.model), args.emulate, runs=args.runs, warmup=args.warmup,
+                                  shapes=shapes, dims=dims, progress=progress)
+        print(json.dumps(out, indent=2, default=str) if args.json else bench.to_table(out))
+        return EXIT_OK
     target = runtime.resolve_ep(args.ep)
+    options = bench.parse_provider_options(target, args.provider_option,
+                                           disable_metacommands=args.disable_metacommands)
+    common = dict(runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims, free_dims=dims,
+                  provider_options=options, progress=progress)
     model = load(args.model)
-    if args.compare:
-        out = bench.compare({"model": model, "other": load(args.compare)}, target, runs=args.runs,
-                            warmup=args.warmup, shapes=shapes, dims=dims, free_dims=dims)
+    if args.tune_ep:
+        out = bench.tune_ep(model, target, **common)
+    elif args.compare:
+        out = bench.compare({"model": model, "other": load(args.compare)}, target, **common)
     else:
-        out = bench.time_model(model, target, runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims,
-                               free_dims=dims)
-    print(json.dumps(out, indent=2) if args.json else bench.to_table(out))
+        out = bench.time_model(model, target, **common)
+    print(json.dumps(out, indent=2, default=str) if args.json else bench.to_table(out))
     return EXIT_OK
 
 

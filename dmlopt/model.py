@@ -67,6 +67,44 @@ def _load_path(path: pathlib.Path) -> ir.Model:
     return model
 
 
+def check_input(model: ir.Model, where: str = "input model") -> None:
+    """The onnx checker on the input: cycles, values nothing produces, duplicate names and
+    unknown opsets become one InputError line instead of a failure deep inside a pass."""
+    try:
+        proto = without_external_data(ir.to_proto(model))
+        onnx.checker.check_model(proto)
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{where} is not a valid ONNX model: {_short(e)}") from e
+
+
+def without_external_data(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The checker would look for external files relative to the working folder (and read
+    them).  The data was checked at load time, so each external initializer is checked as a
+    graph input of the same type and shape instead: checker and shape inference need only that."""
+    for graph in _graphs(proto.graph):
+        external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        if not external:
+            continue
+        keep = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        declared = {i.name for i in graph.input}
+        for t in external:
+            if t.name not in declared:
+                graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return proto
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _graphs(attr.g)
+            for g in attr.graphs:
+                yield from _graphs(g)
+
+
 def _check_has_graph(proto: onnx.ModelProto, where: str) -> None:
     if not proto.HasField("graph"):
         raise InputError(f"{where}: not an ONNX model (no graph)")

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from dmlopt import report as report_mod
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
-from dmlopt.model import ModelLike, initializer_bytes, load
+from dmlopt.model import ModelLike, check_input, initializer_bytes, load, without_external_data
 from dmlopt.passes import DmlPass, Option, PassContext, all_passes
 
 TARGETS = ("dml", "cuda", "cpu")
@@ -83,42 +83,25 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return checked
 
 
-def check_model(model: ir.Model, where: str) -> None:
-    """onnx checker + shape inference; raise if a pass produced an invalid model."""
-    proto = _without_external_data(ir.to_proto(model))
+def check_model(model: ir.Model, where: str, *, strict: bool = True) -> None:
+    """onnx checker + shape inference; raise if a pass produced an invalid model.
+
+    `strict` makes shape-inference errors fatal (a wrong attribute, a rank mismatch); it is
+    turned off only for inputs whose export already fails strict inference."""
+    proto = without_external_data(ir.to_proto(model))
     try:
         onnx.checker.check_model(proto)
-        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False)
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=strict)
     except Exception as e:  # noqa: BLE001
         raise PassBroke(f"{where} produced an invalid model: {str(e).strip().splitlines()[0][:300]}") from e
 
 
-def _without_external_data(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The checker would look for external files relative to the working folder (and read
-    them).  The data was checked at load time, so each external initializer is checked as a
-    graph input of the same type and shape instead: checker and shape inference need only that."""
-    for graph in _graphs(proto.graph):
-        external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-        if not external:
-            continue
-        keep = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
-        declared = {i.name for i in graph.input}
-        for t in external:
-            if t.name not in declared:
-                graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    return proto
-
-
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _graphs(attr.g)
-            for g in attr.graphs:
-                yield from _graphs(g)
+def _strict_clean(model: ir.Model) -> bool:
+    try:
+        check_model(model, "input", strict=True)
+        return True
+    except PassBroke:
+        return False
 
 
 class PassBroke(DmlOptError):
@@ -141,6 +124,11 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     if target not in TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(TARGETS)})")
     original = load(model)
+    check_input(original)
+    if shapes or dims:
+        from dmlopt.shapes import check_shapes
+
+        check_shapes(original, shapes, dims)
     checked = check_options(options)
     pass_classes = select_passes(passes)
     context = PassContext(target=target, ort_version=ort_version,
@@ -150,6 +138,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     work = original.clone()
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options=checked)
     explicit = passes is not None
+    strict = _strict_clean(original)
     for cls in pass_classes:
         p = cls(context)
         if not explicit and not p.enabled():
@@ -162,7 +151,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         result = p(work)
         work = result.model
         elapsed = time.perf_counter() - t0
-        check_model(work, f"pass '{p.name}'")
+        check_model(work, f"pass '{p.name}'", strict=strict)
         rep.add_pass(p, before=before, after=op_counts(work), modified=result.modified, seconds=elapsed)
     rep.finish(work, initializer_bytes(original), initializer_bytes(work))
     out = Result(work, rep)

@@ -120,6 +120,10 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
              rtol: float | None = None, seed: int = 0) -> Validation:
     """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output."""
     ref_model, cand_model = load(ref), load(cand)
+    if shapes or dims:
+        from dmlopt.shapes import check_shapes
+
+        check_shapes(ref_model, shapes, dims)
     feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed)
     ref_out = run(ref_model, feeds)
     cand_out = run(cand_model, feeds)

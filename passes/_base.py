@@ -145,8 +145,7 @@ def apply_rules(model: ir.Model, rules: Sequence[pattern.RewriteRule]) -> int:
 
 def restore(model: ir.Model, backup: ir.Model) -> None:
     """Put `backup`'s graph and functions back into `model` (undo an in-place attempt)."""
-    model.graph = backup.graph
+    model.graph = backup.graph  # the opset imports live on the graph
+    functions = dict(backup.functions)
     model.functions.clear()
-    model.functions.update(backup.functions)
-    model.opset_imports.clear()
-    model.opset_imports.update(backup.opset_imports)
+    model.functions.update(functions)
