@@ -3,44 +3,63 @@
 Noise on shared machines is large, so comparisons run the models in alternation
 (A B A B ...) inside one process and report the ratio per pair and its median,
 not two separately taken medians.
+
+What a measurement holds, and why:
+  1. The provider that really ran (``session.get_providers()[0]``): asking for a GPU
+     provider that ORT could not start is an error, never a silent CPU run.
+  2. On GPU providers, inputs are bound on the device once and outputs are bound to the
+     device (IO binding), so host<->device transfers of the graph's own inputs and
+     outputs are not timed; what is left are the copies inside the graph.
+  3. Those copies are counted from ORT's profile of the warm-up runs (``Memcpy*`` nodes,
+     op MemcpyToHost/MemcpyFromHost), then profiling is switched off before the timed
+     runs, so it costs them nothing.  With ``warmup=0`` nothing is profiled.
+  4. Provider options: DirectML's device_id, performance_preference, disable_metacommands;
+     CUDA's cudnn_conv_algo_search, prefer_nhwc, use_tf32.  ``tune_ep`` times every
+     combination of the ones that matter and names the fastest.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
+import json
+import shutil
 import statistics
+import tempfile
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
 from dmlopt import runtime
+from dmlopt.errors import ProviderError, UsageError
+from dmlopt.progress import bar_for
+
+# Provider options dmlopt knows, with their allowed values (None: any value).  Other keys
+# are passed to ORT as they are.  Keys starting with "session." are session config entries.
+PROVIDER_OPTIONS: dict[str, dict[str, Sequence[str] | None]] = {
+    "dml": {"device_id": None, "performance_preference": ("default", "high_performance", "minimum_power"),
+            "device_filter": ("gpu", "npu", "any"), "disable_metacommands": ("false", "true")},
+    "cuda": {"device_id": None, "cudnn_conv_algo_search": ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"),
+             "prefer_nhwc": ("0", "1"), "use_tf32": ("0", "1")},
+    "cpu": {},
+}
+SPINNING = "session.intra_op.allow_spinning"
+# What --tune-ep tries: every combination; each tuple starts with ORT's default.
+TUNE_GRID: dict[str, dict[str, tuple[str, ...]]] = {
+    # cudnn_conv_algo_search changed a CNN's time 6x on an H200; HEURISTIC beat EXHAUSTIVE by 20% at 1080p.
+    "cuda": {"cudnn_conv_algo_search": ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"), "prefer_nhwc": ("0", "1")},
+    # Metacommands can block Conv+LeakyRelu fusion (DirectML issue #138); preference picks the adapter.
+    "dml": {"disable_metacommands": ("false", "true"), "performance_preference": ("default", "high_performance")},
+    # Spinning intra-op threads trade CPU time for latency.
+    "cpu": {SPINNING: ("1", "0")},
+}
+DEVICE_TYPES = {"cuda": "cuda", "dml": "dml"}
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
-
-
-class Timer:
-    """One model's session and fixed inputs, ready to be run repeatedly."""
-
-    def __init__(self, model: ir.Model, target: str, *, shapes=None, dims=None, feeds=None,
-                 provider_options: Mapping[str, Any] | None = None, free_dims: Mapping[str, int] | None = None,
-                 seed: int = 0):
-        t0 = time.perf_counter()
-        self.session = runtime.session(model, target, provider_options=provider_options, free_dims=free_dims)
-        self.load_s = time.perf_counter() - t0
-        self.provider = self.session.get_providers()[0]
-        if feeds is None:
-            feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims or free_dims), seed)
-        wanted = {i.name for i in self.session.get_inputs()}
-        self.feeds = {k: v for k, v in feeds.items() if k in wanted}
-        self.outputs = [o.name for o in self.session.get_outputs()]
-
-    def once(self) -> float:
-        t0 = time.perf_counter()
-        self.session.run(self.outputs, self.feeds)
-        return (time.perf_counter() - t0) * 1000.0
 
 
 def summary(times_ms: Sequence[float]) -> dict[str, float]:
@@ -48,49 +67,417 @@ def summary(times_ms: Sequence[float]) -> dict[str, float]:
             "p90": _percentile(times_ms, 90), "runs": len(times_ms)}
 
 
-def time_model(model: ir.Model, target: str = "cpu", *, runs: int = 20, warmup: int = 3, **kw) -> dict[str, Any]:
-    timer = Timer(model, target, **kw)
+# -- provider options --------------------------------------------------------------
+
+def parse_provider_options(target: str, pairs: Sequence[str] = (), *,
+                           disable_metacommands: bool = False) -> dict[str, str]:
+    """``["cudnn_conv_algo_search=HEURISTIC", ...]`` -> a checked dict for `target`."""
+    known = PROVIDER_OPTIONS.get(target, {})
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise UsageError(f"--provider-option {pair!r}: expected KEY=VALUE, e.g. "
+                             f"{_example(target)}")
+        allowed = known.get(key)
+        if allowed is not None:
+            match = [a for a in allowed if a.lower() == value.lower()]
+            if not match:
+                raise UsageError(f"--provider-option {key}: '{value}' is not one of {', '.join(allowed)}")
+            value = match[0]
+        elif key == "device_id" and not value.isdigit():
+            raise UsageError(f"--provider-option device_id: '{value}' is not a device index")
+        options[key] = value
+    if disable_metacommands:
+        if target != "dml":
+            raise UsageError(f"--disable-metacommands applies to DirectML (--ep dml), not {target}")
+        options["disable_metacommands"] = "true"
+    return options
+
+
+def _example(target: str) -> str:
+    return {"dml": "disable_metacommands=true", "cuda": "cudnn_conv_algo_search=HEURISTIC"}.get(
+        target, f"{SPINNING}=0")
+
+
+def split_options(options: Mapping[str, Any] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(provider options, session config entries): keys starting with 'session.' are the latter."""
+    provider, config = {}, {}
+    for k, v in (options or {}).items():
+        (config if k.startswith("session.") else provider)[k] = str(v)
+    return provider, config
+
+
+def _preload_cuda() -> None:
+    """onnxruntime-gpu finds the CUDA/cuDNN libraries of pip wheels only when asked to."""
+    preload = getattr(runtime.ort(), "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception:  # noqa: BLE001 - a failed preload shows up as the provider not starting
+            pass
+
+
+# -- one model's session -------------------------------------------------------------
+
+class Timer:
+    """One model's session and fixed inputs, ready to be run repeatedly."""
+
+    def __init__(self, model: ir.Model, target: str, *, shapes=None, dims=None, feeds=None,
+                 provider_options: Mapping[str, Any] | None = None, free_dims: Mapping[str, int] | None = None,
+                 seed: int = 0, io_binding: bool | None = None, profile: bool = True):
+        if target == "cuda":
+            _preload_cuda()
+        provider_opts, session_config = split_options(provider_options)
+        self.target = target
+        self.provider_options = dict(provider_options or {})
+        self._profile_dir = tempfile.mkdtemp(prefix="dmlopt-profile-") if profile else None
+        t0 = time.perf_counter()
+        try:
+            self.session = runtime.session(model, target, provider_options=provider_opts or None,
+                                           session_config=session_config, free_dims=free_dims,
+                                           profile_dir=self._profile_dir)
+        except Exception:
+            self._drop_profile_dir()
+            raise
+        self.load_s = time.perf_counter() - t0
+        self.provider = self.session.get_providers()[0]
+        if self.provider != runtime.PROVIDERS[target]:
+            self._drop_profile_dir()
+            raise ProviderError(
+                f"asked for {runtime.PROVIDERS[target]} but ONNX Runtime started {self.provider} (the provider "
+                f"failed to load; providers present: {', '.join(runtime.available_providers())})")
+        if feeds is None:
+            feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims or free_dims), seed)
+        wanted = {i.name for i in self.session.get_inputs()}
+        self.feeds = {k: v for k, v in feeds.items() if k in wanted}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.profile: dict[str, Any] | None = None
+        self.io_binding = "none"
+        self._binding = None
+        if io_binding if io_binding is not None else target in DEVICE_TYPES:
+            self._bind(int(provider_opts.get("device_id", 0)))
+
+    def _bind(self, device_id: int) -> None:
+        """Inputs on the device once, outputs to the device: transfers of I/O are not timed."""
+        rt = runtime.ort()
+        device = DEVICE_TYPES.get(self.target, "cpu")
+        binding = self.session.io_binding()
+        try:
+            self._device_inputs = [rt.OrtValue.ortvalue_from_numpy(v, device, device_id) for v in self.feeds.values()]
+            for name, value in zip(self.feeds, self._device_inputs):
+                binding.bind_ortvalue_input(name, value)
+            where_in = device
+        except Exception:  # noqa: BLE001 - e.g. an ORT build that cannot place OrtValues on this device
+            binding.clear_binding_inputs()
+            for name, value in self.feeds.items():
+                binding.bind_cpu_input(name, value)
+            where_in = "cpu"
+        try:
+            for name in self.outputs:
+                binding.bind_output(name, device, device_id)
+            where_out = device
+        except Exception:  # noqa: BLE001
+            binding.clear_binding_outputs()
+            for name in self.outputs:
+                binding.bind_output(name)
+            where_out = "cpu"
+        self._binding = binding
+        self.io_binding = f"inputs on {where_in}, outputs on {where_out}"
+
+    def once(self) -> float:
+        t0 = time.perf_counter()
+        if self._binding is not None:
+            self.session.run_with_iobinding(self._binding)
+            self._binding.synchronize_outputs()
+        else:
+            self.session.run(self.outputs, self.feeds)
+        return (time.perf_counter() - t0) * 1000.0
+
+    def end_profile(self) -> dict[str, Any] | None:
+        """Stop profiling; copies and node placement of the last profiled run."""
+        if self._profile_dir is None:
+            return self.profile
+        try:
+            path = self.session.end_profiling()
+            if path:
+                with open(path, encoding="utf-8") as f:
+                    self.profile = profile_summary(json.load(f))
+        except (OSError, ValueError):
+            self.profile = None
+        finally:
+            self._drop_profile_dir()
+        return self.profile
+
+    def _drop_profile_dir(self) -> None:
+        if self._profile_dir is not None:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+            self._profile_dir = None
+
+    @property
+    def copies(self) -> int | None:
+        return None if self.profile is None else self.profile["copies"]
+
+
+def profile_summary(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Copies and nodes by provider in the last ``model_run`` of an ORT profile (None: no run)."""
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    if not runs:
+        return None
+    last = runs[-1]
+    start, end = last["ts"], last["ts"] + last.get("dur", 0)
+    copy_ops: collections.Counter = collections.Counter()
+    providers: collections.Counter = collections.Counter()
+    cpu_ops: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
+            continue
+        if not start <= e.get("ts", -1) <= end:
+            continue
+        args = e.get("args", {})
+        op = args.get("op_name", "")
+        if op.startswith("Memcpy") or str(e["name"]).startswith("Memcpy"):
+            copy_ops[op or "Memcpy"] += 1
+            continue
+        provider = args.get("provider", "?")
+        providers[provider] += 1
+        if provider == "CPUExecutionProvider":
+            cpu_ops[op] += 1
+    return {"copies": sum(copy_ops.values()), "copy_ops": dict(copy_ops),
+            "nodes_by_provider": dict(providers), "cpu_ops": dict(cpu_ops.most_common())}
+
+
+# -- measurements ----------------------------------------------------------------------
+
+def _warm(timers: Mapping[str, Timer], warmup: int, bar) -> None:
     for _ in range(warmup):
-        timer.once()
-    times = [timer.once() for _ in range(runs)]
-    return {"provider": timer.provider, "load_s": timer.load_s, "latency_ms": summary(times)}
+        for timer in timers.values():
+            timer.once()
+            bar.advance()
+    for timer in timers.values():
+        timer.end_profile()
 
 
-def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 20, warmup: int = 3,
-            baseline: str | None = None, **kw) -> dict[str, Any]:
-    """Time several models in alternation; ratios are each model's time over the baseline's, per round."""
-    timers = {name: Timer(m, target, **kw) for name, m in models.items()}
+def alternate(timers: Mapping[str, Timer], *, runs: int, warmup: int, baseline: str | None = None,
+              progress=None, label: str = "timing") -> dict[str, Any]:
+    """Run the timers in alternation (A B, then B A, ...); per model its summary and its ratio to the baseline."""
     names = list(timers)
     baseline = baseline or names[0]
-    for _ in range(warmup):
-        for name in names:
-            timers[name].once()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(runs):
-        order = names if i % 2 == 0 else names[::-1]
-        for name in order:
-            times[name].append(timers[name].once())
-    out = {"provider": timers[baseline].provider, "baseline": baseline, "models": {}}
+    with bar_for(progress, label, (warmup + runs) * len(names)) as bar:
+        _warm(timers, warmup, bar)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for i in range(runs):
+            for name in (names if i % 2 == 0 else names[::-1]):
+                times[name].append(timers[name].once())
+                bar.advance()
+    out: dict[str, Any] = {"provider": timers[baseline].provider, "baseline": baseline, "models": {}}
     for name in names:
         ratios = [t / b for t, b in zip(times[name], times[baseline])]
-        out["models"][name] = {"load_s": timers[name].load_s, "latency_ms": summary(times[name]),
-                               "ratio_median": float(statistics.median(ratios))}
+        t = timers[name]
+        out["models"][name] = {"load_s": t.load_s, "latency_ms": summary(times[name]),
+                               "ratio_median": float(statistics.median(ratios)), "ratios": ratios,
+                               "copies": t.copies, "profile": t.profile, "io_binding": t.io_binding,
+                               "provider_options": t.provider_options}
     return out
 
 
+def time_model(model: ir.Model, target: str = "cpu", *, runs: int = 20, warmup: int = 3, progress=None,
+               **kw) -> dict[str, Any]:
+    """One model: ``{provider, load_s, latency_ms {min, median, p90, runs}, copies, ...}``."""
+    _check_counts(runs, warmup)
+    timer = Timer(model, target, profile=warmup > 0, **kw)
+    with bar_for(progress, f"timing on {timer.provider}", warmup + runs) as bar:
+        _warm({"model": timer}, warmup, bar)
+        times = []
+        for _ in range(runs):
+            times.append(timer.once())
+            bar.advance()
+    return {"provider": timer.provider, "load_s": timer.load_s, "latency_ms": summary(times),
+            "copies": timer.copies, "profile": timer.profile, "io_binding": timer.io_binding,
+            "provider_options": timer.provider_options, "warmup": warmup}
+
+
+def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 20, warmup: int = 3,
+            baseline: str | None = None, progress=None, **kw) -> dict[str, Any]:
+    """Time several models in alternation; ratios are each model's time over the baseline's, per round."""
+    _check_counts(runs, warmup)
+    timers = {name: Timer(m, target, profile=warmup > 0, **kw) for name, m in models.items()}
+    return alternate(timers, runs=runs, warmup=warmup, baseline=baseline, progress=progress,
+                     label=f"timing {len(timers)} models on {runtime.PROVIDERS[target]}")
+
+
+def tune_grid(target: str, fixed: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+    """Every combination of TUNE_GRID[target], keys the user fixed left out; ORT's defaults first."""
+    fixed = dict(fixed or {})
+    grid = {k: v for k, v in TUNE_GRID.get(target, {}).items() if k not in fixed}
+    if target == "dml" and "device_id" not in fixed and _device_id_overrides_preference():
+        grid.pop("performance_preference", None)
+    keys = list(grid)
+    return [{**fixed, **dict(zip(keys, values))} for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def _device_id_overrides_preference() -> bool:
+    """DirectML picks the adapter by device_id when one is given, ignoring performance_preference;
+    tuning the preference means nothing while sessions are made with a device_id."""
+    entry = runtime.provider_entry("dml", {"performance_preference": "high_performance"})
+    return isinstance(entry, tuple) and "device_id" in entry[1]
+
+
+def option_label(options: Mapping[str, Any], keys: Sequence[str] | None = None) -> str:
+    keys = list(options) if keys is None else keys
+    return ",".join(f"{k}={options[k]}" for k in keys) or "defaults"
+
+
+def tune_ep(model: ir.Model, target: str, *, runs: int = 20, warmup: int = 3, provider_options=None,
+            progress=None, **kw) -> dict[str, Any]:
+    """Time the model under every provider-option combination of TUNE_GRID, in alternation."""
+    _check_counts(runs, warmup)
+    fixed = dict(provider_options or {})
+    combos = tune_grid(target, fixed)
+    varied = [k for k in (combos[0] if combos else {}) if k not in fixed]
+    timers: dict[str, Timer] = {}
+    failed: dict[str, str] = {}
+    for options in combos:
+        label = option_label(options, varied)
+        try:
+            timers[label] = Timer(model, target, provider_options=options, profile=warmup > 0, **kw)
+        except ProviderError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a combination the provider rejects is reported, not fatal
+            failed[label] = runtime._first_line(e)
+    if not timers:
+        raise ProviderError(f"no provider-option combination could start {runtime.PROVIDERS[target]}: "
+                            + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    result = alternate(timers, runs=runs, warmup=warmup, progress=progress,
+                       label=f"tuning {len(timers)} option sets on {runtime.PROVIDERS[target]}")
+    best = min(result["models"], key=lambda name: result["models"][name]["ratio_median"])
+    best_options = result["models"][best]["provider_options"]
+    result.update({"best": best, "best_options": best_options, "failed": failed, "varied": varied,
+                   "flags": " ".join(f"--provider-option {k}={best_options[k]}" for k in varied)})
+    return result
+
+
+def _check_counts(runs: int, warmup: int) -> None:
+    if runs < 1 or warmup < 0:
+        raise UsageError("--runs must be >= 1 and --warmup >= 0")
+
+
+# -- emulated DirectML ------------------------------------------------------------------
+
+def time_emulated(model: ir.Model, emulate: str, *, runs: int = 20, warmup: int = 3, shapes=None, dims=None,
+                  gpu_target: str | None = None, seed: int = 0, progress=None) -> dict[str, Any]:
+    """Time `model` as DirectML of an ORT version would place it (``dml-1.14``): the nodes the
+    placement model puts on the CPU run on the CPU EP, the rest on a GPU provider here."""
+    ort_version = parse_emulate(emulate)
+    _check_counts(runs, warmup)
+    from dmlopt import emulate as emulate_mod
+    from dmlopt import placement
+
+    gpu_target = gpu_target or ("cuda" if runtime.has_target("cuda") else "cpu")
+    predicted = placement.predict(model, ort_version=ort_version)
+    t0 = time.perf_counter()
+    session = emulate_mod.EmulatedSession(model, predicted, gpu_target)
+    load_s = time.perf_counter() - t0
+    feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims), seed)
+    run = _emulated_runner(session, feeds)
+    with bar_for(progress, f"timing emulated DirectML {ort_version}", warmup + runs) as bar:
+        for _ in range(warmup):
+            run()
+            bar.advance()
+        times = []
+        for _ in range(runs):
+            times.append(run())
+            bar.advance()
+    p = predicted.to_dict() if hasattr(predicted, "to_dict") else {}
+    memcpy = p.get("memcpy", {})
+    return {"provider": f"emulated DmlExecutionProvider {ort_version} (CPU part on CPUExecutionProvider, "
+                        f"GPU part on {runtime.PROVIDERS[gpu_target]})",
+            "load_s": load_s, "latency_ms": summary(times),
+            "copies": memcpy.get("count") if isinstance(memcpy, dict) else None,
+            "predicted_cpu_nodes": len(p.get("cpu_nodes", ())), "emulate": emulate, "warmup": warmup}
+
+
+def _emulated_runner(session, feeds) -> Callable[[], float]:
+    def run() -> float:
+        t0 = time.perf_counter()
+        session.run(feeds)
+        return (time.perf_counter() - t0) * 1000.0
+    return run
+
+
+def parse_emulate(text: str) -> str:
+    """``dml-1.14`` -> ``1.14``."""
+    prefix, _, version = text.partition("-")
+    parts = version.split(".")
+    if prefix != "dml" or len(parts) < 2 or not all(p.isdigit() for p in parts):
+        raise UsageError(f"--emulate {text!r}: expected dml-MAJOR.MINOR, e.g. dml-1.14")
+    return version
+
+
+# -- tables ---------------------------------------------------------------------------------
+
+def _copies(value) -> str:
+    return "-" if value is None else str(value)
+
+
 def to_table(result: dict[str, Any]) -> str:
-    """Readable form of `time_model` or `compare` output."""
+    """Readable form of `time_model`, `compare` or `tune_ep` output."""
     from dmlopt.validate import format_table
 
     if "models" not in result:
         lat = result["latency_ms"]
-        rows = [("provider", "load s", "min ms", "median ms", "p90 ms", "runs"),
+        rows = [("provider", "load s", "min ms", "median ms", "p90 ms", "runs", "copies"),
                 (result["provider"], f"{result['load_s']:.3f}", f"{lat['min']:.3f}", f"{lat['median']:.3f}",
-                 f"{lat['p90']:.3f}", lat["runs"])]
-        return format_table(rows)
-    rows = [("model", "load s", "min ms", "median ms", "p90 ms", f"ratio vs {result['baseline']}")]
+                 f"{lat['p90']:.3f}", lat["runs"], _copies(result.get("copies")))]
+        text = format_table(rows)
+        cpu_ops = (result.get("profile") or {}).get("cpu_ops")
+        if cpu_ops and result["provider"] != "CPUExecutionProvider":
+            text += "\nnodes on CPU: " + ", ".join(f"{op} x{n}" for op, n in cpu_ops.items())
+        return text
+    label = "options" if "best" in result else "model"
+    rows = [(label, "load s", "min ms", "median ms", "p90 ms", "copies", f"ratio vs {result['baseline']}")]
     for name, m in result["models"].items():
         lat = m["latency_ms"]
         rows.append((name, f"{m['load_s']:.3f}", f"{lat['min']:.3f}", f"{lat['median']:.3f}", f"{lat['p90']:.3f}",
-                     f"{m['ratio_median']:.3f}"))
-    return f"provider: {result['provider']}\n" + format_table(rows)
+                     _copies(m.get("copies")), f"{m['ratio_median']:.3f}"))
+    text = f"provider: {result['provider']}\n" + format_table(rows)
+    if "best" in result:
+        for name, reason in result.get("failed", {}).items():
+            text += f"\n{name}: could not start: {reason}"
+        text += f"\nbest: {result['best']}" + (f"  ({result['flags']})" if result.get("flags") else "")
+    return text
+
+
+# -- re-timing an optimized model ------------------------------------------------------------
+
+RETIME_WARMUP = 2
+RETIME_MAX_RUNS = 10
+RETIME_MIN_RUNS = 3
+# Time for the timed pairs when runs are chosen automatically (large models on the CPU EP).
+RETIME_BUDGET_S = 15.0
+
+
+def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=None, inputs=None,
+           runs: int | None = None, progress=None) -> dict[str, Any]:
+    """Before/after on `target`, in alternation on the same inputs: the report's ``timing``.
+
+    ``runs=None`` picks 3-10 pairs so that the timed part takes about RETIME_BUDGET_S."""
+    from dmlopt.validate import make_inputs
+
+    feeds = make_inputs(before, after, shapes, dims, inputs)
+    timers = {"before": Timer(before, target, feeds=feeds), "after": Timer(after, target, feeds=feeds)}
+    if runs is None:
+        t0 = time.perf_counter()
+        for timer in timers.values():
+            timer.once()
+        pair_s = time.perf_counter() - t0
+        runs = max(RETIME_MIN_RUNS, min(RETIME_MAX_RUNS, int(RETIME_BUDGET_S / max(pair_s, 1e-6))))
+    result = alternate(timers, runs=runs, warmup=RETIME_WARMUP, baseline="before", progress=progress,
+                       label=f"timing before/after on {runtime.PROVIDERS[target]}")
+    b, a = result["models"]["before"], result["models"]["after"]
+    return {"provider": result["provider"], "before_ms": b["latency_ms"]["median"],
+            "after_ms": a["latency_ms"]["median"], "speedup": 1.0 / a["ratio_median"],
+            "ratio_median": a["ratio_median"], "runs": runs, "before": b["latency_ms"], "after": a["latency_ms"],
+            "load_s_before": b["load_s"], "load_s_after": a["load_s"],
+            "copies_before": b["copies"], "copies_after": a["copies"], "io_binding": a["io_binding"]}

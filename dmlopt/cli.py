@@ -86,6 +86,10 @@ def build_parser() -> Parser:
         if opt.flag in seen:
             continue
         seen.add(opt.flag)
+        if opt.type is bool:  # --fp16 / --no-fp16 (argparse's type=bool would read "False" as true)
+            p.add_argument(opt.flag, dest=f"opt_{name}", action=argparse.BooleanOptionalAction, default=None,
+                           help=f"[{cls.name}] {opt.help} (default: {'on' if opt.default else 'off'})")
+            continue
         p.add_argument(opt.flag, dest=f"opt_{name}", choices=opt.choices, type=opt.type, default=None,
                        help=f"[{cls.name}] {opt.help} (default: {opt.default})")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -114,15 +115,24 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
              dims: Mapping[str, int] | None = None, passes: Sequence[str] | str | None = None,
              target: str = "dml", ort_version: str | None = None, validate: bool = True,
              tune: bool = False, inputs=None, atol: float | None = None, rtol: float | None = None,
-             progress: Callable[[str], None] | None = None, **options: Any) -> Result:
+             progress: Callable[[str], None] | None = None, retime: bool | None = None,
+             **options: Any) -> Result:
     """Rewrite `model` for `target` and validate it against the input.
 
     `passes` names the passes to run (default: every pass that applies).  Pass options
     (``leaky_relu="conv-split"``, ...) are keywords; ``dmlopt passes`` lists them.
     The input model is never changed: the pipeline works on a copy.
+    `retime`: time before/after on the target (report.timing); None (default) does so
+    when the target's provider is on this machine, True requires it, False skips it.
     """
+    from dmlopt import tune as tuning
+
     if target not in TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(TARGETS)})")
+    if tune or retime:
+        tuning.require_target(target)  # before any work: exit 2 naming the providers present
+    if progress and isinstance(model, (str, os.PathLike)):
+        progress(f"load {os.fspath(model)}")
     original = load(model)
     check_input(original)
     if shapes or dims:
@@ -141,13 +151,15 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     strict = _strict_clean(original)
     for cls in pass_classes:
         p = cls(context)
-        if not explicit and not p.enabled():
+        if not explicit and not p.enabled() and not tuning.pending(p, context):
             continue
         if progress:
             progress(f"pass {p.name}")
         before = op_counts(work)
         t0 = time.perf_counter()
-        _resolve_auto(p, work, original, context, rep)
+        _resolve_auto(p, work, original, context, rep, dict(inputs=inputs, atol=atol, rtol=rtol), progress)
+        if not explicit and not p.enabled():
+            continue  # tuning left it off (e.g. fp16 measured slower)
         result = p(work)
         work = result.model
         elapsed = time.perf_counter() - t0
@@ -155,6 +167,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         rep.add_pass(p, before=before, after=op_counts(work), modified=result.modified, seconds=elapsed)
     rep.finish(work, initializer_bytes(original), initializer_bytes(work))
     out = Result(work, rep)
+    atol, rtol = tuning.validation_tolerances(context.options, atol, rtol)
     if validate:
         if progress:
             progress("validate")
@@ -165,17 +178,25 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         rep.validation = v.to_dict()
         if not v.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
+    from dmlopt import bench, runtime
+
+    if out.passed and (retime or (retime is None and runtime.has_target(target))):
+
+        if progress:
+            progress(f"time before/after on {target}")
+        rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,
+                                  progress=progress)
     return out
 
 
-def _resolve_auto(p: DmlPass, work: ir.Model, original: ir.Model, context: PassContext, rep) -> None:
-    """Turn an option left at 'auto' into a concrete choice (measured or the documented default)."""
-    for opt in p.options:
-        if not opt.tunable or p.option(opt.name) != "auto":
-            continue
-        from dmlopt import tune
+def _resolve_auto(p: DmlPass, work: ir.Model, original: ir.Model, context: PassContext, rep,
+                  check: dict[str, Any] | None = None, progress=None) -> None:
+    """Turn an option left at 'auto' (or, with --tune, any tunable option the user did not
+    set) into a concrete choice: measured, or the documented default (dmlopt.tune)."""
+    from dmlopt import tune
 
-        choice, record = tune.choose(p, opt, work, original, context)
+    for opt in tune.pending(p, context):
+        choice, record = tune.choose(p, opt, work, original, context, check, progress)
         context.options[opt.name] = choice
         rep.add_choice(p.name, opt.name, choice, record)
 

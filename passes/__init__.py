@@ -15,6 +15,7 @@ from dmlopt.passes._base import DmlPass, Option, PassContext, Site, SiteRule, ap
 _MODULES = [
     "cleanup",
     "prelu", "leaky_relu", "conv_transpose",
+    "fp16",
 ]
 
 
