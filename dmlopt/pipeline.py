@@ -181,7 +181,6 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     from dmlopt import bench, runtime
 
     if out.passed and (retime or (retime is None and runtime.has_target(target))):
-
         if progress:
             progress(f"time before/after on {target}")
         rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,

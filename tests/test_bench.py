@@ -1,0 +1,222 @@
+"""Timing: what a measurement holds, provider options, --tune-ep, the bench command, progress bars."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from dmlopt import bench, progress, runtime
+from dmlopt.errors import ProviderError, UsageError
+from tests.conftest import conv_leaky_model
+
+RUNS = dict(runs=3, warmup=1)
+
+
+@pytest.fixture
+def model():
+    return ir.from_proto(conv_leaky_model(batch=1))
+
+
+def profile_events(copies_per_run):
+    """A synthetic ORT profile: one model_run per entry with that many Memcpy nodes and two compute nodes."""
+    events, ts = [{"cat": "Session", "name": "session_initialization", "ts": 0, "dur": 10}], 100
+    for copies in copies_per_run:
+        run_start = ts
+        nodes = [("Memcpy_token_%d" % i, "MemcpyFromHost", "CUDAExecutionProvider") for i in range(copies)]
+        nodes += [("conv", "Conv", "CUDAExecutionProvider"), ("shape", "Shape", "CPUExecutionProvider")]
+        for name, op, provider in nodes:
+            ts += 5
+            events.append({"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": 3,
+                           "args": {"op_name": op, "provider": provider}})
+            events.append({"cat": "Node", "name": f"{name}_fence_before", "ts": ts, "dur": 0, "args": {}})
+        events.append({"cat": "Session", "name": "model_run", "ts": run_start, "dur": ts + 5 - run_start})
+        ts += 50
+    return events
+
+
+def test_profile_counts_copies_of_the_last_run_only():
+    s = bench.profile_summary(profile_events([5, 2]))
+    assert s["copies"] == 2
+    assert s["copy_ops"] == {"MemcpyFromHost": 2}
+    assert s["nodes_by_provider"] == {"CUDAExecutionProvider": 1, "CPUExecutionProvider": 1}
+    assert s["cpu_ops"] == {"Shape": 1}
+    assert bench.profile_summary([{"cat": "Session", "name": "session_initialization", "ts": 0}]) is None
+
+
+def test_time_model_reports_provider_latency_and_copies(model):
+    out = bench.time_model(model, "cpu", runs=4, warmup=2)
+    assert out["provider"] == "CPUExecutionProvider"
+    lat = out["latency_ms"]
+    assert lat["runs"] == 4 and 0 < lat["min"] <= lat["median"] <= lat["p90"]
+    assert out["load_s"] > 0
+    assert out["copies"] == 0  # measured from the profile: the CPU EP copies nothing
+    assert out["profile"]["nodes_by_provider"]["CPUExecutionProvider"] >= 1
+    assert out["io_binding"] == "none"
+
+
+def test_no_warmup_means_no_profile(model):
+    out = bench.time_model(model, "cpu", runs=2, warmup=0)
+    assert out["copies"] is None and out["profile"] is None
+
+
+def test_compare_alternates_and_gives_per_pair_ratios(model):
+    other = ir.from_proto(conv_leaky_model(batch=1, alpha=0.2))
+    out = bench.compare({"a": model, "b": other}, "cpu", runs=5, warmup=1, baseline="a")
+    assert out["baseline"] == "a" and out["provider"] == "CPUExecutionProvider"
+    assert out["models"]["a"]["ratios"] == [1.0] * 5 and out["models"]["a"]["ratio_median"] == 1.0
+    assert len(out["models"]["b"]["ratios"]) == 5
+    assert out["models"]["b"]["ratio_median"] == float(np.median(out["models"]["b"]["ratios"]))
+
+
+def test_a_provider_that_did_not_start_is_an_error(model, monkeypatch):
+    """ORT falls back to the CPU when a GPU provider fails to load; bench must not time that silently."""
+    real = runtime.session
+
+    def cpu_only(m, target="cpu", **kw):
+        return real(m, "cpu", **{k: v for k, v in kw.items() if k != "provider_options"})
+
+    monkeypatch.setattr(runtime, "session", cpu_only)
+    with pytest.raises(ProviderError, match="asked for CUDAExecutionProvider but ONNX Runtime started "
+                                            "CPUExecutionProvider"):
+        bench.Timer(model, "cuda")
+
+
+def test_io_binding_runs_give_the_same_outputs(model):
+    timer = bench.Timer(model, "cpu", io_binding=True, profile=False)
+    assert timer.io_binding == "inputs on cpu, outputs on cpu"
+    timer.once()
+    bound = timer._binding.copy_outputs_to_cpu()[0]
+    plain = timer.session.run(None, timer.feeds)[0]
+    np.testing.assert_array_equal(bound, plain)
+
+
+def test_parse_provider_options():
+    assert bench.parse_provider_options("cuda", ["cudnn_conv_algo_search=heuristic", "prefer_nhwc=1"]) == {
+        "cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1"}
+    assert bench.parse_provider_options("dml", ["device_id=1"], disable_metacommands=True) == {
+        "device_id": "1", "disable_metacommands": "true"}
+    assert bench.parse_provider_options("cuda", ["gpu_mem_limit=1024"]) == {"gpu_mem_limit": "1024"}
+    with pytest.raises(UsageError, match="not one of EXHAUSTIVE, HEURISTIC, DEFAULT"):
+        bench.parse_provider_options("cuda", ["cudnn_conv_algo_search=FAST"])
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        bench.parse_provider_options("cuda", ["prefer_nhwc"])
+    with pytest.raises(UsageError, match="applies to DirectML"):
+        bench.parse_provider_options("cpu", [], disable_metacommands=True)
+    assert bench.split_options({"session.intra_op.allow_spinning": 0, "device_id": 1}) == (
+        {"device_id": "1"}, {"session.intra_op.allow_spinning": "0"})
+
+
+def test_tune_grid_starts_with_ort_defaults_and_leaves_fixed_keys_alone():
+    grid = bench.tune_grid("cuda")
+    assert len(grid) == 6
+    assert grid[0] == {"cudnn_conv_algo_search": "EXHAUSTIVE", "prefer_nhwc": "0"}
+    assert {g["cudnn_conv_algo_search"] for g in grid} == {"EXHAUSTIVE", "HEURISTIC", "DEFAULT"}
+    fixed = bench.tune_grid("cuda", {"prefer_nhwc": "1", "use_tf32": "0"})
+    assert len(fixed) == 3 and all(g["prefer_nhwc"] == "1" and g["use_tf32"] == "0" for g in fixed)
+    assert bench.tune_grid("cpu") == [{bench.SPINNING: "1"}, {bench.SPINNING: "0"}]
+
+
+def test_tune_ep_times_every_option_set_and_names_the_best(model):
+    out = bench.tune_ep(model, "cpu", **RUNS)
+    labels = {f"{bench.SPINNING}=1", f"{bench.SPINNING}=0"}
+    assert set(out["models"]) == labels
+    assert out["best"] in labels and out["baseline"] == f"{bench.SPINNING}=1"
+    assert out["best_options"] == {bench.SPINNING: out["best"].split("=")[1]}
+    assert out["flags"] == f"--provider-option {out['best']}"
+    assert "best: " in bench.to_table(out)
+
+
+def test_retime_reports_before_after_and_speedup(model):
+    after = model.clone()
+    t = bench.retime(model, after, "cpu", runs=4)
+    assert t["provider"] == "CPUExecutionProvider" and t["runs"] == 4
+    assert t["speedup"] == pytest.approx(1.0 / t["ratio_median"])
+    assert t["before"]["runs"] == t["after"]["runs"] == 4
+    assert t["copies_before"] == t["copies_after"] == 0
+
+
+def test_parse_emulate():
+    assert bench.parse_emulate("dml-1.14") == "1.14"
+    for bad in ("dml", "cuda-1.14", "dml-latest", "dml-1"):
+        with pytest.raises(UsageError, match="dml-MAJOR.MINOR"):
+            bench.parse_emulate(bad)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+def test_bench_json(cli, model_path):
+    r = cli("bench", model_path, "--ep", "cpu", "--runs", 3, "--warmup", 1, "--shape", "x:1,3,8,8", "--json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["provider"] == "CPUExecutionProvider"
+    assert set(out["latency_ms"]) >= {"min", "median", "p90"} and out["latency_ms"]["runs"] == 3
+    assert out["copies"] == 0 and out["load_s"] > 0
+
+
+def test_bench_compare_table(cli, model_path):
+    r = cli("bench", model_path, "--compare", model_path, "--runs", 2, "--warmup", 1, "--dim", "N=1")
+    assert r.code == 0, r.err
+    assert "ratio vs model" in r.out and "other" in r.out and "copies" in r.out
+
+
+@pytest.mark.skipif(runtime.has_target("cuda"), reason="CUDA is present here")
+def test_bench_missing_provider_is_exit_2_naming_what_is_present(cli, model_path):
+    r = cli("bench", model_path, "--ep", "cuda")
+    assert r.code == 2
+    assert "CUDAExecutionProvider is not available" in r.err and "CPUExecutionProvider" in r.err
+
+
+def test_bench_bad_arguments_are_one_line_exit_2(cli, model_path):
+    for args in (["--runs", "0"], ["--provider-option", "x"], ["--disable-metacommands", "--ep", "cpu"],
+                 ["--emulate", "dml-1.14", "--ep", "cpu"], ["--emulate", "cuda-1"],
+                 ["--tune-ep", "--compare", str(model_path)]):
+        r = cli("bench", model_path, *args)
+        assert r.code == 2, args
+        assert len([l for l in r.err.splitlines() if l.strip()]) == 1, r.err
+
+
+# -- progress --------------------------------------------------------------------------------
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_bar_draws_on_a_terminal_and_stays_silent_elsewhere():
+    tty = FakeTerminal()
+    with progress.Bar("timing", 4, stream=tty) as bar:
+        for _ in range(4):
+            bar.advance()
+    text = tty.getvalue()
+    assert text.endswith("\n") and "\r" in text
+    assert "dmlopt: timing [" + "#" * progress.BAR_WIDTH + "] 4/4" in text
+    piped = io.StringIO()
+    with progress.Bar("timing", 4, stream=piped) as bar:
+        bar.advance(4)
+    assert piped.getvalue() == ""
+
+
+def test_steps_print_whole_lines_and_hand_out_bars():
+    tty = FakeTerminal()
+    steps = progress.Steps(tty)
+    steps("pass cleanup")
+    with progress.bar_for(steps, "timing", 2) as bar:
+        bar.advance(2)
+    lines = tty.getvalue().split("\n")
+    assert lines[0].startswith("dmlopt: [") and lines[0].endswith("] pass cleanup")
+    assert "2/2" in lines[1]
+    silent = progress.bar_for(print, "timing", 2)  # a plain callback has no bars
+    assert not silent.enabled
+
+
+def test_quiet_and_piped_stderr_get_no_progress(cli, model_path, capsys):
+    from dmlopt.cli import _progress, build_parser
+
+    args = build_parser().parse_args(["bench", str(model_path), "-q"])
+    assert _progress(args) is None
+    args = build_parser().parse_args(["bench", str(model_path)])
+    assert _progress(args) is None  # pytest's stderr is not a terminal
