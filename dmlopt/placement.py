@@ -203,13 +203,13 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     `fold=False` skips the model of ORT's constant folding (every node reaches the EP).
     """
     data = load_data(ort_version)
-    work, folded_by_ort = _ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
+    work, folded_by_ort = _prepare(model, fold)
     opsets = dict(work.opset_imports)
     cpu_nodes: list[dict[str, Any]] = []
     copies: list[dict[str, Any]] = []
     subgraph_names: list[str] = []
     totals = {"nodes": 0, "dml": 0, "folded": folded_by_ort}
-    has_subgraph = any(_graph_attrs(n) for n in ir.traversal.RecursiveGraphIterator(work.graph))
+    has_subgraph = any(graph_attributes(n) for n in ir.traversal.RecursiveGraphIterator(work.graph))
 
     def visit(graph: ir.Graph, prefix: str) -> list[_Node]:
         analysed = _place_graph(graph, data, opsets, prefix)
@@ -222,7 +222,7 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
                 totals["dml"] += 1
         copies.extend(_copies(graph, analysed, prefix))
         for item in analysed:
-            for attr_name, sub in _graph_attrs(item.node):
+            for attr_name, sub in graph_attributes(item.node):
                 sub_prefix = f"{item.name}/{attr_name}/"
                 subgraph_names.append(sub_prefix.rstrip("/"))
                 visit(sub, sub_prefix)
@@ -241,6 +241,21 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     return Placement(ort_version=data.version, data_source=data.name, nodes=totals["nodes"],
                      dml_nodes=totals["dml"], cpu_nodes=cpu_nodes, memcpy=memcpy, partitions=partitions,
                      folded_nodes=totals["folded"], subgraphs=subgraph_names)
+
+
+def _prepare(model: ir.Model, fold: bool) -> tuple[ir.Model, int]:
+    return _ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
+
+
+def prepared_graph(model: ir.Model, *, fold: bool = True) -> ir.Model:
+    """The copy of `model` that `predict` analyses (ORT's folding applied, shapes inferred);
+    its nodes, Constant nodes left out, carry the names `node_label` gives."""
+    return _prepare(model, fold)[0]
+
+
+def node_label(node: ir.Node, index: int, prefix: str = "") -> str:
+    """The name placement results use for `node`, the `index`-th non-Constant node of its graph."""
+    return prefix + (node.name or f"{node.op_type}_{index}")
 
 
 def _with_shapes(model: ir.Model) -> ir.Model:
@@ -292,7 +307,7 @@ def _ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Mod
 def _fold_node(node: ir.Node) -> list[np.ndarray] | None:
     """The values of `node`'s outputs when ORT would fold it, else None."""
     if _domain(node.domain) != "" or node.op_type in NOT_FOLDABLE or node.op_type == "Constant" \
-            or _graph_attrs(node) or not node.outputs:
+            or graph_attributes(node) or not node.outputs:
         return None
     inputs = list(node.inputs)
     if node.op_type in ("Shape", "Size") and inputs and _static_shape(inputs[0]) is not None:
@@ -317,7 +332,8 @@ def _fold_node(node: ir.Node) -> list[np.ndarray] | None:
     return [np.asarray(o) for o in outputs]
 
 
-def _graph_attrs(node: ir.Node) -> list[tuple[str, ir.Graph]]:
+def graph_attributes(node: ir.Node) -> list[tuple[str, ir.Graph]]:
+    """(attribute name, body) for each subgraph of `node` (If branches, Loop/Scan bodies)."""
     found = []
     for name, attr in node.attributes.items():
         if attr.type == ir.AttributeType.GRAPH:
@@ -332,15 +348,11 @@ def _op_name(node: ir.Node) -> str:
     return f"{domain}.{node.op_type}" if domain else node.op_type
 
 
-def _node_name(node: ir.Node, index: int, prefix: str) -> str:
-    return prefix + (node.name or f"{node.op_type}_{index}")
-
-
 def _place_graph(graph: ir.Graph, data: DmlData, opsets: dict[str, int], prefix: str) -> list[_Node]:
     """Placement of one graph's nodes (not its subgraphs); Constant nodes are initializers to ORT."""
     constant = _constant_values(graph)
     nodes = [n for n in graph if not (n.op_type == "Constant" and _domain(n.domain) == "")]
-    analysed = [_Node(n, _node_name(n, i, prefix), i) for i, n in enumerate(nodes)]
+    analysed = [_Node(n, node_label(n, i, prefix), i) for i, n in enumerate(nodes)]
     for item in analysed:
         item.reg, item.reason = _kernel(item.node, data, opsets)
     tentative = [item for item in analysed if item.reg is not None]
