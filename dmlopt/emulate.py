@@ -43,6 +43,8 @@ class Part:
     inputs: list[str]
     outputs: list[str]
     nodes: list[str]
+    host_outputs: set[str] = dataclasses.field(default_factory=set)  # GPU-part outputs in CPU memory (Shape)
+    device_reads: set[str] = dataclasses.field(default_factory=set)  # inputs some node reads in GPU memory
 
     def __repr__(self) -> str:
         return f"Part({self.device}, {len(self.nodes)} nodes, in={len(self.inputs)}, out={len(self.outputs)})"
@@ -52,7 +54,10 @@ def split_by_placement(model: ir.Model, placement: placement_mod.Placement | Map
                        fold: bool = True) -> list[Part]:
     """Cut `model` into parts by predicted device, in an order that respects every dependency."""
     cpu_names = _cpu_names(placement)
+    version = placement.ort_version if hasattr(placement, "ort_version") else placement["ort_version"]
+    data = placement_mod.load_data(version)
     work = placement_mod.prepared_graph(model, fold=fold)
+    opsets = dict(work.opset_imports)
     common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(work)
     graph = work.graph
     nodes = list(graph)
@@ -102,7 +107,16 @@ def split_by_placement(model: ir.Model, placement: placement_mod.Placement | Map
         part_proto = onnx.helper.make_model(part_graph, opset_imports=list(proto.opset_import),
                                             ir_version=proto.ir_version)
         part_proto.functions.extend(proto.functions)
-        parts.append(Part(key[1], ir.from_proto(part_proto), inputs, outputs, [names[k] for k in members]))
+        host_outputs, device_reads = set(), set()
+        for k in members:
+            if key[1] != "gpu":
+                continue
+            cpu_in, cpu_out = placement_mod.memory_slots(nodes[k], data, opsets)
+            host_outputs.update(o.name for i, o in enumerate(nodes[k].outputs) if i in cpu_out)
+            device_reads.update(v.name for i, v in enumerate(nodes[k].inputs) if v is not None and i not in cpu_in)
+            device_reads.update(v.name for _, body in placement_mod.graph_attributes(nodes[k]) for v in _captured(body))
+        parts.append(Part(key[1], ir.from_proto(part_proto), inputs, outputs, [names[k] for k in members],
+                          host_outputs & set(outputs), device_reads & set(inputs)))
     return parts
 
 
@@ -172,15 +186,17 @@ class EmulatedSession:
 
     @property
     def copies_per_run(self) -> int:
-        """Values read by a part on the other device than the part that produced them."""
-        made_on = {}
+        """Copies between parts per run: a value read in the other memory than it lives in,
+        counted once per reading part (feeds not counted, as in `placement.predict`)."""
+        memory = {}
         count = 0
         for part in self.parts:
             for name in part.inputs:
-                if name in made_on and made_on[name] != part.device:
+                wants = "device" if part.device == "gpu" and name in part.device_reads else "host"
+                if name in memory and memory[name] != wants:
                     count += 1
             for name in part.outputs:
-                made_on[name] = part.device
+                memory[name] = "host" if part.device == "cpu" or name in part.host_outputs else "device"
         return count
 
     def describe(self) -> str:
@@ -198,7 +214,8 @@ class EmulatedSession:
                     raise KeyError(f"no value for '{name}' (missing feed?)")
                 binding.bind_ortvalue_input(name, env[name])
             for name in part.outputs:
-                binding.bind_output(name, self._devices[part.device], 0)
+                device = "cpu" if name in part.host_outputs else self._devices[part.device]
+                binding.bind_output(name, device, 0)
             sess.run_with_iobinding(binding)
             env.update(zip(part.outputs, binding.get_outputs()))
         return [env[name].numpy() for name in self.output_names]

@@ -258,6 +258,12 @@ def node_label(node: ir.Node, index: int, prefix: str = "") -> str:
     return prefix + (node.name or f"{node.op_type}_{index}")
 
 
+def memory_slots(node: ir.Node, data: DmlData, opsets: dict[str, int]) -> tuple[frozenset[int], frozenset[int]]:
+    """(input slots, output slots) the DML kernel of `node` keeps in CPU memory; empty when none."""
+    reg, _ = _kernel(node, data, opsets)
+    return (reg.cpu_inputs, reg.cpu_outputs) if reg is not None else (frozenset(), frozenset())
+
+
 def _with_shapes(model: ir.Model) -> ir.Model:
     """`model` (changed in place and returned) with ONNX shape inference, data propagation on."""
     try:

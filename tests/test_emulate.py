@@ -76,6 +76,7 @@ def test_emulated_sam_equals_the_whole_model_on_cpu(name, version):
     p = placement.predict(m, ort_version=version)
     session = emulate.EmulatedSession(m, p, "cpu")
     assert len(session.parts) > 2 and {part.device for part in session.parts} == {"cpu", "gpu"}
+    assert session.copies_per_run == p.copy_count  # Shape outputs stay in host memory, as on DirectML
     feeds = runtime.random_inputs(runtime.input_specs(m), seed=1)
     got, want = session.run(feeds), whole(m, feeds)
     assert len(got) == len(want)
