@@ -14,6 +14,7 @@ from dmlopt.passes._base import DmlPass, Option, PassContext, Site, SiteRule, ap
 # One line per module; the pass classes are looked up in them.
 _MODULES = [
     "cleanup",
+    "freeze_shapes",
     "prelu", "leaky_relu", "conv_transpose",
     "fp16",
 ]
