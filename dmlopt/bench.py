@@ -389,13 +389,14 @@ def time_emulated(model: ir.Model, emulate: str, *, runs: int = 20, warmup: int 
         for _ in range(runs):
             times.append(run())
             bar.advance()
-    p = predicted.to_dict() if hasattr(predicted, "to_dict") else {}
-    memcpy = p.get("memcpy", {})
-    return {"provider": f"emulated DmlExecutionProvider {ort_version} (CPU part on CPUExecutionProvider, "
-                        f"GPU part on {runtime.PROVIDERS[gpu_target]})",
-            "load_s": load_s, "latency_ms": summary(times),
-            "copies": memcpy.get("count") if isinstance(memcpy, dict) else None,
-            "predicted_cpu_nodes": len(p.get("cpu_nodes", ())), "emulate": emulate, "warmup": warmup}
+    return {"provider": f"emulated-dml-{predicted.ort_version} (GPU parts on {runtime.PROVIDERS[gpu_target]})",
+            "how": f"nodes the ORT {predicted.ort_version} DirectML placement model puts on the CPU ran on "
+                   f"CPUExecutionProvider, the rest on {runtime.PROVIDERS[gpu_target]}; values crossing between "
+                   f"them were copied" + ("" if gpu_target != "cpu" else
+                                          " (no GPU here: this times the split and its copies, not a GPU)"),
+            "load_s": load_s, "latency_ms": summary(times), "copies": session.copies_per_run,
+            "predicted_copies": predicted.copy_count, "predicted_cpu_nodes": predicted.cpu_count,
+            "parts": session.describe(), "emulate": emulate, "gpu_target": gpu_target, "warmup": warmup}
 
 
 def _emulated_runner(session, feeds) -> Callable[[], float]:
@@ -431,6 +432,8 @@ def to_table(result: dict[str, Any]) -> str:
                 (result["provider"], f"{result['load_s']:.3f}", f"{lat['min']:.3f}", f"{lat['median']:.3f}",
                  f"{lat['p90']:.3f}", lat["runs"], _copies(result.get("copies")))]
         text = format_table(rows)
+        if result.get("how"):
+            text += "\n" + result["how"]
         cpu_ops = (result.get("profile") or {}).get("cpu_ops")
         if cpu_ops and result["provider"] != "CPUExecutionProvider":
             text += "\nnodes on CPU: " + ", ".join(f"{op} x{n}" for op, n in cpu_ops.items())

@@ -139,6 +139,19 @@ def test_retime_reports_before_after_and_speedup(model):
     assert t["copies_before"] == t["copies_after"] == 0
 
 
+def test_time_emulated_splits_by_predicted_placement():
+    from dmlopt.demo import bundled_path
+
+    path = bundled_path("sam_small_dynamic.onnx")
+    if not path.is_file():
+        pytest.skip("bundled model not built")
+    out = bench.time_emulated(ir.load(path), "dml-1.14", runs=2, warmup=1, dims={"batch": 1}, gpu_target="cpu")
+    assert out["provider"] == "emulated-dml-1.14 (GPU parts on CPUExecutionProvider)"
+    assert out["predicted_cpu_nodes"] > 0 and out["copies"] == out["predicted_copies"] > 0
+    assert "cpu:" in out["parts"] and "gpu:" in out["parts"]
+    assert out["latency_ms"]["runs"] == 2
+
+
 def test_parse_emulate():
     assert bench.parse_emulate("dml-1.14") == "1.14"
     for bad in ("dml", "cuda-1.14", "dml-latest", "dml-1"):
