@@ -233,10 +233,14 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    from dmlopt.model import check_input, load
     from dmlopt.validate import validate
 
     shapes, dims = _shapes(args)
-    v = validate(args.ref, args.cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
+    ref, cand = load(args.ref), load(args.cand)
+    check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
+    check_input(cand, args.cand)
+    v = validate(ref, cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
                  rtol=args.rtol, seed=args.seed)
     print(json.dumps(v.to_dict(), indent=2) if args.json else v.to_table())
     return EXIT_OK if v.passed else EXIT_CHECK

@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt.model import ModelLike, initializer_bytes, load
+from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.report import _io
 
 SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",
@@ -47,6 +47,7 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
     from dmlopt.pipeline import op_counts
 
     m = load(model)
+    check_input(m)  # refuse what no runtime can load (cycles, undefined values, unknown opsets)
     counts = op_counts(m)
     nodes = list(ir.traversal.RecursiveGraphIterator(m.graph))
     leaky_sites, prelu, einsums, control = [], [], [], []

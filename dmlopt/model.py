@@ -8,11 +8,14 @@ become one readable line (`InputError`), and an output must never be half-writte
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import os
 import pathlib
 import shutil
 import tempfile
-from typing import Union
+from typing import Iterator, Union
 
 import onnx
 import onnx_ir as ir
@@ -34,10 +37,8 @@ def load(model: ModelLike) -> ir.Model:
         return model
     if isinstance(model, onnx.ModelProto):
         _check_has_graph(model, "the given ModelProto")
-        try:
-            return ir.from_proto(model)
-        except Exception as e:  # onnx_ir raises many kinds on malformed protos
-            raise InputError(f"the given ModelProto is not a valid ONNX model: {_short(e)}") from e
+        _check_unique_initializers(model, "the given ModelProto")
+        return _deserialize(model, "the given ModelProto")
     if isinstance(model, (str, os.PathLike)):
         return _load_path(pathlib.Path(model))
     raise InputError(f"cannot load a model from {type(model).__name__}; give a path, an onnx.ModelProto or an onnx_ir.Model")
@@ -58,23 +59,87 @@ def _load_path(path: pathlib.Path) -> ir.Model:
     except Exception as e:  # noqa: BLE001 - protobuf may raise other types on garbage
         raise InputError(f"{path}: not a readable ONNX model ({_short(e)})") from e
     _check_has_graph(proto, str(path))
+    _check_unique_initializers(proto, str(path))
     _check_external_data(proto, path.parent, str(path))
-    try:
-        model = ir.serde.deserialize_model(proto)
-    except Exception as e:  # noqa: BLE001
-        raise InputError(f"{path}: not a valid ONNX model: {_short(e)}") from e
+    model = _deserialize(proto, str(path))
     _set_base_dir(model, path.parent)
     return model
+
+
+@contextlib.contextmanager
+def _serde_warnings() -> Iterator[list[logging.LogRecord]]:
+    """Hold back onnx_ir's serde warnings ("Input 'x' ... cannot be found in any scope", "The
+    value type ... is not known"): on a broken model they would print before the one line
+    that says what is wrong.  The caller turns them into that line, or re-emits them."""
+    logger = logging.getLogger("onnx_ir.serde")
+    records: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        records.append(record)
+        return False
+
+    logger.addFilter(hold)
+    try:
+        yield records
+    finally:
+        logger.removeFilter(hold)
+
+
+def _release(records: list[logging.LogRecord]) -> None:
+    for record in records:
+        logging.getLogger(record.name).handle(record)
+
+
+def _deserialize(proto: onnx.ModelProto, where: str) -> ir.Model:
+    with _serde_warnings() as held:
+        try:
+            model = ir.serde.deserialize_model(proto)
+        except Exception as e:  # noqa: BLE001 - onnx_ir raises many kinds on malformed protos
+            raise InputError(f"{where}: not a valid ONNX model: {_short(_innermost(e))}") from e
+    # onnx_ir goes on when a node reads a value nothing defines; that model is invalid.
+    undefined = [str(r.args[0]) for r in held if "cannot be found in any scope" in str(r.msg) and r.args]
+    if undefined:
+        raise InputError(f"{where}: not a valid ONNX model: value '{undefined[0]}' is read by a node "
+                         f"but no node, graph input or initializer defines it")
+    _release(held)
+    return model
+
+
+def _innermost(e: BaseException) -> BaseException:
+    """onnx_ir wraps the real reason ('Output y is redeclared') in 'Error calling ...'."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return e
 
 
 def check_input(model: ir.Model, where: str = "input model") -> None:
     """The onnx checker on the input: cycles, values nothing produces, duplicate names and
     unknown opsets become one InputError line instead of a failure deep inside a pass."""
-    try:
-        proto = without_external_data(ir.to_proto(model))
-        onnx.checker.check_model(proto)
-    except Exception as e:  # noqa: BLE001
-        raise InputError(f"{where} is not a valid ONNX model: {_short(e)}") from e
+    with _serde_warnings() as held:  # a value without a type: the checker's line says it
+        try:
+            proto = without_external_data(ir.to_proto(model))
+            onnx.checker.check_model(proto)
+        except Exception as e:  # noqa: BLE001
+            raise InputError(f"{where} is not a valid ONNX model: {_short(_innermost(e))}") from e
+    _release(held)
+    if not proto.graph.output:
+        raise InputError(f"{where} is not a valid ONNX model: its graph has no outputs")
+    for opset in proto.opset_import:
+        known = _known_opsets().get(opset.domain or "ai.onnx")
+        if known is not None and opset.version > known:
+            raise InputError(f"{where} uses opset {opset.version} of {opset.domain or 'ai.onnx'}, newer than the "
+                             f"installed onnx {onnx.__version__} knows (up to {known}): its ops cannot be checked")
+
+
+@functools.lru_cache(maxsize=1)
+def _known_opsets() -> dict[str, int]:
+    """The newest opset of each domain the installed onnx has schemas for (custom domains: none)."""
+    newest: dict[str, int] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        domain = schema.domain or "ai.onnx"
+        newest[domain] = max(newest.get(domain, 0), schema.since_version)
+    newest["ai.onnx"] = max(newest.get("ai.onnx", 0), onnx.defs.onnx_opset_version())
+    return newest
 
 
 def without_external_data(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -112,6 +177,16 @@ def _check_has_graph(proto: onnx.ModelProto, where: str) -> None:
         raise InputError(f"{where}: not an ONNX model (no IR version and no opset)")
 
 
+def _check_unique_initializers(proto: onnx.ModelProto, where: str) -> None:
+    """Two initializers of one name: onnx_ir would keep one and ORT "the latest", silently."""
+    for graph in _graphs(proto.graph):
+        seen = set()
+        for t in graph.initializer:
+            if t.name in seen:
+                raise InputError(f"{where}: not a valid ONNX model: initializer '{t.name}' is defined twice")
+            seen.add(t.name)
+
+
 def _iter_tensor_protos(graph: onnx.GraphProto):
     yield from graph.initializer
     for node in graph.node:
@@ -125,8 +200,12 @@ def _iter_tensor_protos(graph: onnx.GraphProto):
 
 
 def _check_external_data(proto: onnx.ModelProto, base: pathlib.Path, where: str) -> None:
-    """Every external tensor's file must exist and be long enough: fail now, not mid-run."""
+    """Every external tensor's file must exist inside the model's folder, and hold the bytes
+    the tensor's shape needs: fail now, not mid-run.  A location that leads out of the folder
+    (``../../etc/passwd``, an absolute path, a symlink) is refused: a model file must not make
+    dmlopt read, or copy next to its output, a file the user did not hand it."""
     sizes: dict[str, int] = {}
+    folder = base.resolve()
     for t in _iter_tensor_protos(proto.graph):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -134,12 +213,51 @@ def _check_external_data(proto: onnx.ModelProto, base: pathlib.Path, where: str)
         location = info.get("location", "")
         file = (base / location).resolve()
         if location not in sizes:
+            if location and not file.is_relative_to(folder):
+                raise InputError(f"{where}: external data location '{location}' of tensor '{t.name}' is outside "
+                                 f"the model's folder; refusing to read it")
             if not location or not file.is_file():
                 raise InputError(f"{where}: external data file '{location}' for tensor '{t.name}' is missing")
             sizes[location] = file.stat().st_size
-        end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        offset, length = _external_int(info, "offset", t, where), _external_int(info, "length", t, where)
+        needed = _tensor_nbytes(t)
+        if needed is not None and length is not None and length != needed:
+            raise InputError(f"{where}: external data of tensor '{t.name}' is {length} bytes, but its shape and "
+                             f"type need {needed}")
+        end = (offset or 0) + (needed if needed is not None else length or 0)
         if end > sizes[location]:
             raise InputError(f"{where}: external data file '{location}' is too short for tensor '{t.name}' (truncated?)")
+
+
+def _external_int(info: dict[str, str], key: str, t: onnx.TensorProto, where: str) -> int | None:
+    if not info.get(key):
+        return None
+    try:
+        value = int(info[key])
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InputError(f"{where}: external data {key} '{info[key]}' of tensor '{t.name}' is not a byte count")
+    return value
+
+
+def _tensor_nbytes(t: onnx.TensorProto) -> int | None:
+    """Bytes of a fixed-size tensor of t's dims and type (None for strings, sub-byte types)."""
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:  # noqa: BLE001 - unknown or undefined type
+        return None
+    if t.data_type in (onnx.TensorProto.STRING,) or itemsize == 0 or _sub_byte(t.data_type):
+        return None
+    count = 1
+    for d in t.dims:
+        count *= d
+    return count * itemsize
+
+
+def _sub_byte(data_type: int) -> bool:
+    names = ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    return any(getattr(onnx.TensorProto, n, None) == data_type for n in names)
 
 
 def _set_base_dir(model: ir.Model, base: pathlib.Path) -> None:
@@ -234,5 +352,7 @@ def _real(p) -> str:
 
 
 def _short(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:200]
+    """One line, whitespace collapsed: the checker's messages span several lines."""
+    text = " ".join(str(e).split())
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)  # bytes of a damaged file
+    return (text or type(e).__name__)[:300]

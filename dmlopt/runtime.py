@@ -140,12 +140,14 @@ def input_specs(model: ir.Model, shapes: Mapping[str, list[int]] | None = None,
     for value in model.graph.inputs:
         if value.name in model.graph.initializers:
             continue
+        if value.type is not None and not isinstance(value.type, ir.TensorType):
+            raise InputError(f"input '{value.name}' is a {value.type}, not a tensor: dmlopt can only feed tensors")
         if value.name in shapes:
             shape = [int(d) for d in shapes[value.name]]
         else:
             shape = []
             for d in (value.shape.dims if value.shape is not None else ()):
-                if isinstance(d, int):
+                if isinstance(d, int) and d >= 0:  # a negative declared dim means "unknown" (some exporters)
                     shape.append(d)
                 elif d is not None and getattr(d, "value", None) in dims:
                     shape.append(int(dims[d.value]))
@@ -156,12 +158,20 @@ def input_specs(model: ir.Model, shapes: Mapping[str, list[int]] | None = None,
     return specs
 
 
+# A declared dim can be anything up to 2**63; refuse before numpy tries to allocate it.
+MAX_RANDOM_INPUT_BYTES = 2**32
+
+
 def random_inputs(specs: Mapping[str, tuple[list[int], Any]], seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs: normal floats, small non-negative ints (safe as indices), random bools."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, (shape, dtype) in specs.items():
         dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if nbytes > MAX_RANDOM_INPUT_BYTES:
+            raise InputError(f"input '{name}' of shape [{', '.join(map(str, shape))}] would need {nbytes / 2**30:.3g} GiB "
+                             f"of random data; give a smaller --shape or --inputs FILE.npz")
         if dtype.kind == "f":
             feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":

@@ -98,7 +98,8 @@ def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0) -
     for name, (shape, dtype) in cand_specs.items():
         if name in specs and _static(cand, name):
             specs[name] = (shape, specs[name][1])
-    feeds = runtime.random_inputs(specs, seed)
+    given = set(inputs or ())
+    feeds = runtime.random_inputs({k: v for k, v in specs.items() if k not in given}, seed)
     if inputs:
         unknown = set(inputs) - set(specs)
         if unknown:
