@@ -17,6 +17,9 @@ _MODULES = [
     "freeze_shapes",
     "prelu", "leaky_relu", "conv_transpose",
     "fp16",
+    "einsum",
+    "transpose",
+    "copies",
 ]
 
 
