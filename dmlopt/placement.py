@@ -152,6 +152,7 @@ class Placement:
     partitions: dict[str, Any]
     folded_nodes: int
     subgraphs: list[str]
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -164,6 +165,7 @@ class Placement:
             "memcpy": self.memcpy,
             "partitions": self.partitions,
             "subgraphs": self.subgraphs,
+            "warnings": self.warnings,
         }
 
     @property
@@ -240,10 +242,22 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     }
     return Placement(ort_version=data.version, data_source=data.name, nodes=totals["nodes"],
                      dml_nodes=totals["dml"], cpu_nodes=cpu_nodes, memcpy=memcpy, partitions=partitions,
-                     folded_nodes=totals["folded"], subgraphs=subgraph_names)
+                     folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data))
+
+
+def _warnings(model: ir.Model, data: DmlData) -> list[str]:
+    rule = data.rules.get("max_onnx_opset")
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    if rule and opset is not None and opset > rule["value"]:
+        return [f"the model uses ai.onnx opset {opset}; ONNX Runtime {data.version} loads opsets up to "
+                f"{rule['value']} (the session would fail to load)"]
+    return []
 
 
 def _prepare(model: ir.Model, fold: bool) -> tuple[ir.Model, int]:
+    if model.functions:  # ORT inlines model-local functions when it loads the model
+        model = model.clone()
+        common_passes.InlinePass()(model)
     return _ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
 
 
@@ -686,6 +700,7 @@ def _copies(graph: ir.Graph, analysed: list[_Node], prefix: str) -> list[dict[st
             by_value[id(out)] = item
     graph_inputs = {id(v): v for v in graph.inputs if v.name not in graph.initializers}
     values: dict[int, ir.Value] = {}
+    reads: dict[int, list[tuple[str, str, str, str]]] = {}  # value -> (source, reader, home, wants)
     for item in analysed:
         for i, value in enumerate(item.node.inputs):
             if value is None:
@@ -703,20 +718,19 @@ def _copies(graph: ir.Graph, analysed: list[_Node], prefix: str) -> list[dict[st
             wants = "host" if (item.device == "cpu" or (item.reg and i in item.reg.cpu_inputs)) else "device"
             g.add_edge(source, item.name, value=id(value), home=home, wants=wants)
             values[id(value)] = value
+            reads.setdefault(id(value), []).append((source, item.name, home, wants))
     found = []
     for vid, value in values.items():
-        edges = [(u, v, d) for u, v, d in g.edges(data=True) if d["value"] == vid]
-        home = edges[0][2]["home"]
-        is_input = edges[0][0].startswith("<input ")
-        needs = {d["wants"] for _, _, d in edges}
-        if is_input and needs != {"host", "device"}:
+        edges = reads[vid]
+        source, _, home, _ = edges[0]
+        needs = {wants for *_, wants in edges}
+        if source.startswith("<input ") and needs != {"host", "device"}:
             continue  # the session copies a feed to where its only readers are
         for wants in sorted(needs - {home}):
-            readers = [v for _, v, d in edges if d["wants"] == wants]
             found.append({
                 "value": value.name, "graph": prefix.rstrip("/") or None,
                 "direction": "to_host" if wants == "host" else "from_host",
-                "producer": edges[0][0], "consumers": readers,
+                "producer": source, "consumers": [reader for _, reader, _, w in edges if w == wants],
                 "dtype": _dtype_name(value), "shape": _shape_list(value), "bytes": _tensor_bytes(value),
             })
     return found
@@ -868,6 +882,7 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
         f"  compiled DML partitions: {parts['count']}" + ("  (whole graph compiled as one)" if parts["compiled"]
                                                         else ""),
     ]
+    lines.extend(f"  warning: {w}" for w in p.get("warnings", ()))
     if parts["blockers"]:
         lines.append("  what blocks one compiled graph:")
         lines.extend(f"    - {b}" for b in parts["blockers"])

@@ -103,7 +103,9 @@ def test_onnx_gelu_20_has_no_kernel_but_com_microsoft_gelu_has():
         y = Gelu(a)
         z = com.microsoft.Gelu(a)
     }""")
+    assert "ai.onnx opset 20" in placement.predict(m, ort_version="1.14").warnings[0]  # 1.14 loads <= 18
     p = placement.predict(m, ort_version="1.23")
+    assert p.warnings == []
     assert cpu_ops(p) == ["Gelu"]
     assert "ai.onnx Gelu" in p.cpu_nodes[0]["reason"]
     assert p.copy_count == 1  # a goes to the host once for the CPU Gelu
@@ -302,6 +304,21 @@ def test_sam_small_dynamic_keeps_shape_arithmetic_on_cpu():
     # the copies carry shape-derived scalars into the data path (rel-pos scale factors)
     assert p.copy_count > 0 and all(e["bytes"] is not None and e["bytes"] <= 64 for e in p.memcpy["edges"])
     assert any("static shape" in b for b in p.partitions["blockers"])
+
+
+def test_model_local_functions_are_inlined_as_ort_does():
+    m = model("""
+    <ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+    g (float[2, 5, 6, 8] x, float[5, 7, 8] k) => (float[2, 5, 6, 7] y) {
+        y = local.RelPos(x, k)
+    }
+    <domain: "local", opset_import: ["" : 17]>
+    RelPos (a, b) => (c) {
+        e = Einsum <equation = "bhwc,hkc->bhwk"> (a, b)
+        c = Relu(e)
+    }""")
+    p = placement.predict(m, ort_version="1.14")
+    assert cpu_ops(p) == ["Einsum"] and p.nodes == 2
 
 
 def test_predict_leaves_the_model_unchanged():
