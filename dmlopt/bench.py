@@ -462,7 +462,7 @@ RETIME_BUDGET_S = 15.0
 
 
 def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=None, inputs=None,
-           runs: int | None = None, progress=None) -> dict[str, Any]:
+           runs: int | None = None, warmup: int = RETIME_WARMUP, progress=None) -> dict[str, Any]:
     """Before/after on `target`, in alternation on the same inputs: the report's ``timing``.
 
     ``runs=None`` picks 3-10 pairs so that the timed part takes about RETIME_BUDGET_S."""
@@ -476,7 +476,7 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
             timer.once()
         pair_s = time.perf_counter() - t0
         runs = max(RETIME_MIN_RUNS, min(RETIME_MAX_RUNS, int(RETIME_BUDGET_S / max(pair_s, 1e-6))))
-    result = alternate(timers, runs=runs, warmup=RETIME_WARMUP, baseline="before", progress=progress,
+    result = alternate(timers, runs=runs, warmup=warmup, baseline="before", progress=progress,
                        label=f"timing before/after on {runtime.PROVIDERS[target]}")
     b, a = result["models"]["before"], result["models"]["after"]
     return {"provider": result["provider"], "before_ms": b["latency_ms"]["median"],
