@@ -150,8 +150,10 @@ class Timer:
                 f"failed to load; providers present: {', '.join(runtime.available_providers())})")
         if feeds is None:
             feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims or free_dims), seed)
-        wanted = {i.name for i in self.session.get_inputs()}
-        self.feeds = {k: v for k, v in feeds.items() if k in wanted}
+        from dmlopt.validate import as_input_type
+
+        wanted = {i.name: i.type for i in self.session.get_inputs()}
+        self.feeds = {k: as_input_type(v, wanted[k]) for k, v in feeds.items() if k in wanted}
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.profile: dict[str, Any] | None = None
         self.io_binding = "none"
@@ -299,12 +301,12 @@ def time_model(model: ir.Model, target: str = "cpu", *, runs: int = 20, warmup: 
 
 
 def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 20, warmup: int = 3,
-            baseline: str | None = None, progress=None, **kw) -> dict[str, Any]:
+            baseline: str | None = None, progress=None, label: str | None = None, **kw) -> dict[str, Any]:
     """Time several models in alternation; ratios are each model's time over the baseline's, per round."""
     _check_counts(runs, warmup)
     timers = {name: Timer(m, target, profile=warmup > 0, **kw) for name, m in models.items()}
     return alternate(timers, runs=runs, warmup=warmup, baseline=baseline, progress=progress,
-                     label=f"timing {len(timers)} models on {runtime.PROVIDERS[target]}")
+                     label=label or f"timing {len(timers)} models on {runtime.PROVIDERS[target]}")
 
 
 def tune_grid(target: str, fixed: Mapping[str, Any] | None = None) -> list[dict[str, str]]:

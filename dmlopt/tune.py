@@ -123,7 +123,7 @@ def measure(p, opt, choices, work, original, context, check=None, progress=None)
     labels = {str(c): c for c in models}
     timed = bench.compare({str(c): m for c, m in models.items()}, context.target, runs=TUNE_RUNS,
                           warmup=TUNE_WARMUP, baseline=str(baseline), shapes=context.shapes, dims=context.dims,
-                          progress=progress)
+                          progress=progress, label=f"tuning {p.name} {opt.flag} ({len(models)} candidates)")
     best = min(timed["models"], key=lambda c: timed["models"][c]["ratio_median"])
     record = {
         "how": f"measured on {timed['provider']} ({TUNE_RUNS} alternating runs, fastest that validated)",

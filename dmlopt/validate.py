@@ -135,12 +135,22 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
 def run(model, feeds: Mapping[str, np.ndarray], target: str = "cpu") -> dict[str, np.ndarray]:
     sess = runtime.session(model, target, optimize=False)
     names = [o.name for o in sess.get_outputs()]
-    wanted = {i.name for i in sess.get_inputs()}
+    wanted = {i.name: i.type for i in sess.get_inputs()}
     try:
-        values = sess.run(names, {k: v for k, v in feeds.items() if k in wanted})
+        values = sess.run(names, {k: as_input_type(v, wanted[k]) for k, v in feeds.items() if k in wanted})
     except Exception as e:  # noqa: BLE001
         raise InputError(f"ONNX Runtime failed to run the model: {runtime._first_line(e)}") from e
     return dict(zip(names, values))
+
+
+def as_input_type(value, ort_type: str) -> np.ndarray:
+    """A float feed in the float type the session takes (a float16-interface model gets the
+    float32 inputs rounded), anything else unchanged."""
+    value = np.asarray(value)
+    want = runtime.NUMPY_TYPES.get(ort_type)
+    if want is not None and value.dtype != want and value.dtype.kind == "f" and np.dtype(want).kind == "f":
+        return value.astype(want)
+    return value
 
 
 def tolerances(dtype: np.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:

@@ -242,3 +242,12 @@ def test_pipeline_validates_fp16_with_float16_tolerances():
     assert result.passed
     assert {o["atol"] for o in result.report.validation["outputs"]} == {HALF_TOL[0]}
     assert op_counts(result.model)["Cast"] == 2
+
+
+def test_pipeline_validates_a_float16_interface():
+    """Without keep_io_types the inputs are float16: validation feeds each model its own input type."""
+    model = bundled("cnn_leaky.onnx")
+    result = dmlopt.optimize(model, target="cpu", passes=["fp16"], fp16=True, keep_io_types=False, retime=False)
+    assert [v.dtype for v in result.model.graph.inputs] == [F16]
+    assert result.passed, result.report.to_table()
+    assert result.report.validation["outputs"][0]["max_abs"] > 0
