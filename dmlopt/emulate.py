@@ -175,9 +175,11 @@ class EmulatedSession:
         self.output_names = [v.name for v in model.graph.outputs]
         self._devices = {"cpu": "cpu", "gpu": "cuda" if gpu_target == "cuda" else "cpu"}
         self.sessions = []
+        # Many sessions take turns: spinning intra-op threads of one would starve the next.
+        quiet = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
         for part in self.parts:
             target = "cpu" if part.device == "cpu" else gpu_target
-            self.sessions.append(runtime.session(part.model, target, provider_options=(
+            self.sessions.append(runtime.session(part.model, target, session_config=quiet, provider_options=(
                 provider_options if target != "cpu" else None)))
         if gpu_target != "cpu":
             for part, sess in zip(self.parts, self.sessions):
