@@ -159,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dmlopt: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dmlopt inspect m.onnx | head`: the reader left; not an error to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except Exception as e:  # noqa: BLE001 - a bug in dmlopt: still one line, unless debugging
         if os.environ.get("DMLOPT_DEBUG"):
             raise
@@ -180,6 +183,8 @@ def cmd_optimize(args) -> int:
     shapes, dims = _shapes(args)
     protect = (args.model, *external_data_files(args.model))
     _check_output_path(output, protect)
+    if args.report:
+        _check_report_path(args.report)
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
     result = dmlopt.optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
                              ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
@@ -222,6 +227,17 @@ def _check_output_path(output: str, protect) -> None:
         raise OutputError(f"{output}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise OutputError(f"{output}: folder {parent} is not writable")
+
+
+def _check_report_path(report: str) -> None:
+    """A bad --report must fail before the model is written, not after (exit 2 with an output)."""
+    from dmlopt.errors import OutputError
+
+    if not report.endswith((".json", ".html")):
+        raise UsageError(f"--report {report}: the name must end in .json or .html")
+    parent = os.path.dirname(os.path.abspath(report))
+    if os.path.isdir(report) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise OutputError(f"--report {report}: cannot write there (a directory, or a missing or read-only folder)")
 
 
 def cmd_inspect(args) -> int:

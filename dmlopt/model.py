@@ -311,23 +311,33 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
         raise OutputError(f"{dest}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise OutputError(f"{dest}: folder {parent} is not writable")
+    has_external = any(isinstance(t, ir.ExternalTensor) for t in _all_initializer_tensors(model))
     if external_data is None:
-        external_data = initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD
+        # Weights read from external data stay external, written next to the output: kept as
+        # references, the output would point at the input's data file (missing in another folder).
+        external_data = has_external or initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD
+    elif not external_data and has_external:
+        model = ir.external_data.load_to_model(model.clone())  # inline them; the caller's model is kept
     try:
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent))
     except OSError as e:
         raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
+    data_moved = written = False
     try:
         if external_data:
             ir.save(model, tmp / dest.name, external_data=data_name)
             os.replace(tmp / data_name, parent / data_name)
+            data_moved = True
         else:
             ir.save(model, tmp / dest.name)
         os.replace(tmp / dest.name, dest)
+        written = True
     except OSError as e:
         raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if data_moved and not written:  # interrupted between the two renames: no data without its model
+            (parent / data_name).unlink(missing_ok=True)
     return dest
 
 

@@ -426,3 +426,15 @@ def test_bit_flipped_model_through_python_m_dmlopt(tmp_path):
         assert r.returncode == 2, r.stderr
         assert "ONNX Runtime cannot load the model" in _one_error_line(r.stderr)
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_reader_that_goes_away_is_not_an_error(tmp_path):
+    """`dmlopt inspect m.onnx | head -1`: the pipe closes before dmlopt writes; no traceback,
+    no 'internal error' line, exit 141 (128 + SIGPIPE) as a shell pipeline would report."""
+    path = _write(tmp_path, "model.onnx", _good_bytes())
+    proc = subprocess.Popen([sys.executable, "-m", "dmlopt", "inspect", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # long before the interpreter has started: its first write gets EPIPE
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141
+    assert err == ""
