@@ -106,7 +106,7 @@ def check_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None,
             hint = "an initializer, not an input" if name in model.graph.initializers else "not an input"
             raise UsageError(f"shape for '{name}': {hint} of the model{_suggest(name, inputs)} "
                              f"(inputs: {', '.join(inputs) or 'none'})")
-        if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+        if isinstance(given, (str, bytes, Mapping)) or not hasattr(given, "__iter__"):
             raise UsageError(f"shape for input '{name}': expected a list of dimensions, got {given!r}")
         given = [_checked_value(d, f"shape for input '{name}'") for d in given]
         shape = inputs[name].shape
