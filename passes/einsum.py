@@ -289,13 +289,14 @@ class Emitter:
     """Builds the lowered nodes with the rewriter's op builder; folds constant operands."""
 
     def __init__(self, op, opset: int, sizes: dict[str, Dim], dim_sources: dict[str, tuple[ir.Value, int]],
-                 name: str):
+                 graph: ir.Graph, name: str):
         self.op = op
         self.opset = opset
         self.sizes = sizes
         self.dim_sources = dim_sources
+        self.graph = graph
         self.name = name
-        self._count = 0
+        self._taken: set[str] = set()
 
     def ints(self, values: Sequence[int]) -> ir.Value:
         """A 1-D int64 Constant (shape vectors, axes); empty for a scalar's shape."""
@@ -305,9 +306,8 @@ class Emitter:
         """The operand as a graph value: a new initializer when it is a folded constant."""
         if x.value is None:
             assert x.const is not None
-            self._count += 1
-            x.value = self.op.initializer(ir.tensor(np.ascontiguousarray(x.const)),
-                                          name=f"{self.name}_folded{self._count}")
+            name = unique_initializer_name(self.graph, f"{self.name}_folded", self._taken)
+            x.value = self.op.initializer(ir.tensor(np.ascontiguousarray(x.const)), name=name)
         return x.value
 
     def reduce_sum(self, x: Operand, labels: Sequence[str]) -> Operand:
@@ -527,7 +527,7 @@ class LowerEinsum(SiteRule):
         opset = _onnx_opset(node)
         layout = self.owner.option("einsum_layout") if self.owner else LAYOUTS[0]
         layout = layout if layout in LAYOUTS else LAYOUTS[0]
-        em = Emitter(op, opset, sizes, sources, node.name or "einsum")
+        em = Emitter(op, opset, sizes, sources, node.graph, node.name or "einsum")
         operands = []
         for value, lab, drop in zip(node.inputs, labels, dropped):
             const = _constant(value)
@@ -540,6 +540,17 @@ class LowerEinsum(SiteRule):
         self.accepted(node, f"{equation!r} -> " + ", ".join(
             f"{t}" + (f" x{c}" if c > 1 else "") for t, c in sorted(emitted.items())) + f" ({layout})")
         return result
+
+
+def unique_initializer_name(graph: ir.Graph, base: str, taken: set[str]) -> str:
+    """A name no initializer of `graph` (nor one made in this rewrite) has: the rewriter would
+    otherwise replace the existing initializer of that name."""
+    for i in itertools.count():
+        name = f"{base}{i}"
+        if name not in graph.initializers and name not in taken:
+            taken.add(name)
+            return name
+    raise AssertionError("unreachable")
 
 
 def _correct_output_shape(out: ir.Value, dims: list[Dim]) -> None:
