@@ -85,6 +85,7 @@ class FreezeShapesPass(DmlPass):
     name = "freeze-shapes"
     summary = "fix dynamic axes (--shape/--dim) and fold the Shape arithmetic they keep alive; lists free dims otherwise"
     order = 10.0
+    _inputs_changed = False  # set by _freeze_declared
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         shapes, dims = self.context.shapes, self.context.dims
@@ -110,17 +111,20 @@ class FreezeShapesPass(DmlPass):
             _infer_shapes(model)
         after = _census(model)
         self._report(model, before, after, undone)
-        return ir.passes.PassResult(model, True)
+        modified = self._inputs_changed or (before.nodes, before.dynamic) != (after.nodes, after.dynamic)
+        return ir.passes.PassResult(model, modified)
 
     # -- steps ----------------------------------------------------------------------
     def _freeze_declared(self, model: ir.Model, shapes: Mapping[str, Sequence[int]],
                          values: Mapping[str, int]) -> None:
         """Case 2: the given input shapes, and every occurrence of a given dim name."""
+        self._inputs_changed = False
         for value in runtime_inputs(model):
             if value.name in shapes:
                 old = _show(value.shape)
                 value.shape = ir.Shape([int(d) for d in shapes[value.name]])
                 if old != _show(value.shape):
+                    self._inputs_changed = True
                     self.rewrote(f"input {value.name}", f"{old} -> {_show(value.shape)}")
         for graph in model.graphs():
             for value in _graph_values(graph):
@@ -129,19 +133,20 @@ class FreezeShapesPass(DmlPass):
                 dims = [values.get(d.value, d) if isinstance(d, ir.SymbolicDim) else d for d in value.shape.dims]
                 if any(a is not b for a, b in zip(dims, value.shape.dims)):
                     if value.is_graph_input() and graph is model.graph:
+                        self._inputs_changed = True
                         self.rewrote(f"input {value.name}", f"{_show(value.shape)} -> {_show(ir.Shape(dims))}")
                     value.shape = ir.Shape(dims)
 
     def _fold(self, model: ir.Model, budget: float, log: bool) -> int:
         """Case 4: shape inference and folding until nothing changes; returns folds refused for size."""
         guard = _FoldGuard(self, budget, log)
-        rules = _shape_rules(self)
         split_sizes_as_input = model.opset_imports.get("", 1) >= 13
         for _ in range(MAX_ROUNDS):
             changed = _infer_shapes(model) > 0
             changed |= bool(optimizer.fold_constants(model, onnx_shape_inference=True, output_size_limit=BIG_RESULT,
                                                      should_fold=guard))
-            changed |= apply_rules(model, rules) > 0
+            present = {n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.domain in ("", "ai.onnx")}
+            changed |= apply_rules(model, _shape_rules(self, present)) > 0
             if split_sizes_as_input:
                 changed |= slices_to_split(self, model) > 0
             changed |= mlps_to_gemm(self, model) > 0
@@ -175,8 +180,12 @@ class FreezeShapesPass(DmlPass):
                      f"{after.shape_ops}, If {before.ifs} -> {after.ifs}, dynamic values {before.dynamic} -> "
                      f"{after.dynamic}", nodes_before=before.nodes, nodes_after=after.nodes,
                      shape_ops_before=before.shape_ops, shape_ops_after=after.shape_ops)
-        for name in sorted(before.if_names - after.if_names):
+        named = sorted(before.if_names - after.if_names)
+        for name in named:
             self.rewrote(name, "condition folded to a constant: the taken branch is inlined")
+        if before.ifs - after.ifs > len(named):
+            self.rewrote("<If>", f"{before.ifs - after.ifs - len(named)} unnamed If with a constant condition: "
+                                 "the taken branch is inlined")
         for node in ir.traversal.RecursiveGraphIterator(model.graph):
             if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
                 self.kept(node, "folding undone: it grew the model by more than 1%" if undone else
@@ -690,20 +699,26 @@ class BroadcastNoOp(SiteRule):
         return op.Identity(x)
 
 
-def _shape_rules(owner: DmlPass) -> list:
-    ours = [ShapeElementsToConstant.rule(owner, "Gather"), ShapeElementsToConstant.rule(owner, "Slice")]
-    ours += [ViewChainToReshape.rule(owner, outer, inner)
-             for outer in VIEW_OPS[:3] for inner in VIEW_OPS if (outer, inner) != ("Reshape", "Reshape")]
-    ours += [ReshapeNoOp.rule(owner), ReshapeToExplicitShape.rule(owner), SliceOfSlice.rule(owner)]
-    ours += [LinearToGemm.rule(owner), LinearToGemm.rule(owner, bias_first=True)]
-    ours += [BroadcastNoOp.rule(owner, op_type) for op_type in BroadcastNoOp.NEUTRAL]
-    ours += [BroadcastNoOp.rule(owner, op_type, constant_first=True) for op_type in ("Mul", "Add")]
-    onnxscripts = [common_rules.materialize_reshape_shape_rule, common_rules.reshape_reshape_rule,
-                   common_rules.no_op_expand_rule, common_rules.no_op_cast_rule,
-                   common_rules.collapse_slice_rule, common_rules.collapse_slice2_rule,
-                   common_rules.squeeze_reshape_1d_rule, common_rules.unsqueeze_unsqueeze_rule,
-                   *common_rules.expand_before_binary_op_rules]
-    return [*onnxscripts, *ours]
+def _shape_rules(owner: DmlPass, present: set[str]) -> list:
+    """The rules for the op types `present` in the model (matching costs rules x nodes)."""
+    groups = [
+        ({"Gather"}, lambda: [ShapeElementsToConstant.rule(owner, "Gather")]),
+        ({"Slice"}, lambda: [ShapeElementsToConstant.rule(owner, "Slice"), SliceOfSlice.rule(owner),
+                             common_rules.collapse_slice_rule, common_rules.collapse_slice2_rule]),
+        ({"Reshape", "Squeeze", "Unsqueeze", "Flatten"}, lambda: [
+            *(ViewChainToReshape.rule(owner, outer, inner) for outer in VIEW_OPS[:3] for inner in VIEW_OPS
+              if (outer, inner) != ("Reshape", "Reshape")),
+            common_rules.squeeze_reshape_1d_rule, common_rules.unsqueeze_unsqueeze_rule]),
+        ({"Reshape"}, lambda: [ReshapeNoOp.rule(owner), ReshapeToExplicitShape.rule(owner),
+                               common_rules.materialize_reshape_shape_rule, common_rules.reshape_reshape_rule]),
+        ({"MatMul"}, lambda: [LinearToGemm.rule(owner), LinearToGemm.rule(owner, bias_first=True)]),
+        ({"Mul", "Div", "Add", "Sub"}, lambda: [
+            *(BroadcastNoOp.rule(owner, op_type) for op_type in BroadcastNoOp.NEUTRAL),
+            *(BroadcastNoOp.rule(owner, op_type, constant_first=True) for op_type in ("Mul", "Add"))]),
+        ({"Expand"}, lambda: [common_rules.no_op_expand_rule, *common_rules.expand_before_binary_op_rules]),
+        ({"Cast"}, lambda: [common_rules.no_op_cast_rule]),
+    ]
+    return [rule for ops, make in groups if ops & present for rule in make()]
 
 
 # -- shape inference ----------------------------------------------------------------------
@@ -759,7 +774,7 @@ def _census(model: ir.Model) -> _Census:
     nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
     dynamic = [v for g in model.graphs() for v in _graph_values(g) if not _is_static(v)]
     return _Census(len(nodes), sum(n.op_type in ("Shape", "Size") for n in nodes),
-                   sum(n.op_type == "If" for n in nodes), {n.name for n in nodes if n.op_type == "If"},
+                   sum(n.op_type == "If" for n in nodes), {n.name for n in nodes if n.op_type == "If" and n.name},
                    len(dynamic), [f"{v.name} {_show(v.shape)}" for v in dynamic[:3]])
 
 
