@@ -146,7 +146,8 @@ class FreezeShapesPass(DmlPass):
             changed |= bool(optimizer.fold_constants(model, onnx_shape_inference=True, output_size_limit=BIG_RESULT,
                                                      should_fold=guard))
             present = {n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.domain in ("", "ai.onnx")}
-            changed |= apply_rules(model, _shape_rules(self, present)) > 0
+            rules = _shape_rules(self, present)
+            changed |= bool(rules) and apply_rules(model, rules) > 0
             if split_sizes_as_input:
                 changed |= slices_to_split(self, model) > 0
             changed |= mlps_to_gemm(self, model) > 0
