@@ -289,8 +289,9 @@ def _picked_dims(shape_node: ir.Node, node: ir.Node, x: ir.Value):
         if node.attributes.get_int("axis", 0) != 0:
             return None
         index = consts[0]
-        picked = [dims[int(i)] for i in np.atleast_1d(index)] if index.size else []
-        return index.ndim == 0, picked
+        if index.ndim > 1 or any(not -len(dims) <= int(i) < len(dims) for i in np.ravel(index)):
+            return None
+        return index.ndim == 0, [dims[int(i)] for i in np.ravel(index)]
     if len(consts) < 2:  # Slice-1: starts/ends are attributes
         return None
     starts, ends = consts[0], consts[1]

@@ -456,6 +456,27 @@ def test_if_on_a_shape_condition_is_replaced_by_its_branch(batch, expected):
     assert_same_outputs(model, frozen, {"x": feed([batch, 4])})
 
 
+def test_two_inlined_branches_with_the_same_inner_names_do_not_clash():
+    branch = """then_branch = t{i} () => (float[N, 4] r{i}) {{ k = Constant<value = float {{{i}.5}}>()  u = Mul(x, k)  r{i} = Relu(u) }},
+        else_branch = e{i} () => (float[N, 4] r{i}) {{ r{i} = Identity(x) }}"""
+    model = text(f"""
+    g (float[N, 4] x) => (float[N, 4] y1, float[N, 4] y2) {{
+      s = Shape(x)
+      zero = Constant<value = int64 {{0}}>()
+      n = Gather<axis = 0>(s, zero)
+      one = Constant<value = int64 {{1}}>()
+      c = Equal(n, one)
+      y1 = If(c) <{branch.format(i=1)}>
+      y2 = If(c) <{branch.format(i=2)}>
+    }}
+    """)
+    frozen, _ = freeze(model, dims={"N": 1})
+    assert ops(frozen) == ["Mul", "Relu", "Mul", "Relu"]
+    names = [v.name for n in frozen.graph for v in n.outputs]
+    assert len(names) == len(set(names))
+    assert_same_outputs(model, frozen, {"x": feed([1, 4])})
+
+
 LOOP_MODEL = """
 g (float[N, 6] x, int64 trips) => (float[N, 6] y) {
   cond = Constant<value = bool {1}>()
