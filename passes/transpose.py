@@ -20,6 +20,10 @@ Rewrites (p, q: permutations; ``q.p`` their composition):
      binary op whose other input has the same Transpose (case 6), or a MatMul/Gemm that
      absorbs it (case 4).
   6. ``Bin(Transpose(a, p), Transpose(b, p))`` -> ``Transpose(Bin(a, b), p)``: two become one.
+  7. A chain of Reshape/Transpose/Squeeze/Unsqueeze that moves no data, e.g.
+     ``Reshape(Transpose(Reshape(Transpose(x))))`` whose Transposes undo each other across the
+     Reshapes -> ``Reshape(x)`` (``CollapseLayoutChain``, static shapes; passes/_layout.py);
+     the Reshape that may follow merges in (onnxscript's ``reshape_reshape_rule``).
 
 The pass counts Transposes (every graph) before and after; if a run would end with more,
 it is undone (``restore``) and the report says so.
@@ -38,6 +42,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets as fused_matmul
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, restore
+from dmlopt.passes._layout import CollapseLayoutChain
 
 MAX_ROUNDS = 32
 MAX_LOOKAHEAD = 64
@@ -458,6 +463,8 @@ class TransposePass(DmlPass):
                  GemmTransposedInput.rule(self, 0), GemmTransposedInput.rule(self, 1),
                  MatMul2DTransposedInput.rule(self, 0), MatMul2DTransposedInput.rule(self, 1),
                  TransposedMatMul2D.rule(self),
+                 CollapseLayoutChain.rule(self, "Transpose"), CollapseLayoutChain.rule(self, "Reshape"),
+                 onnxscript_rules.reshape_reshape_rule,
                  fused_matmul.TransposeMatMul1.rule(), fused_matmul.TransposeMatMul2.rule(),
                  fused_matmul.TransposeFusedMatMul1.rule(), fused_matmul.TransposeFusedMatMul2.rule()]
         for op_type in UNARY + SOFTMAX + REDUCE:

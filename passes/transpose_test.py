@@ -298,6 +298,34 @@ def test_pair_inside_an_if_branch_cancels():
     assert_same(proto, result.model, feeds)
 
 
+# ** case 7: chains across Reshapes **
+
+def test_transposes_that_cancel_across_reshapes_collapse_to_one_reshape():
+    """Window partition then unpartition (SAM's window_partition/window_unpartition)."""
+    proto = parse("""g (float[1,4,6,3] x) => (float[1,4,6,3] y) {
+        a = Reshape(x, s6)
+        b = Transpose <perm = [0, 1, 3, 2, 4, 5]> (a)
+        c = Reshape(b, win)
+        d = Reshape(c, s6b)
+        e = Transpose <perm = [0, 1, 3, 2, 4, 5]> (d)
+        y = Reshape(e, back)
+    }""", {"s6": np.array([1, 2, 2, 3, 2, 3], np.int64), "win": np.array([6, 2, 2, 3], np.int64),
+           "s6b": np.array([1, 2, 3, 2, 2, 3], np.int64), "back": np.array([1, 4, 6, 3], np.int64)})
+    result, _ = optimize(proto)
+    assert ops(result.model) == ["Reshape"]
+    assert_same(proto, result.model)
+
+
+def test_chain_that_moves_data_is_kept():
+    proto = parse("""g (float[2,6] x) => (float[3,4] y) {
+        a = Reshape(x, s)
+        b = Transpose <perm = [1, 0, 2]> (a)
+        y = Reshape(b, t)
+    }""", {"s": np.array([2, 3, 2], np.int64), "t": np.array([3, 4], np.int64)})
+    result, _ = optimize(proto)
+    assert ops(result.model) == ["Reshape", "Transpose", "Reshape"]
+
+
 # ** the count guarantee **
 
 class _AddTransposePair(SiteRule):
