@@ -111,6 +111,8 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
     if profile_dir:
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(profile_dir, "dmlopt")
+    if log_severity is None and not os.environ.get("DMLOPT_DEBUG"):
+        log_severity = 4  # fatal only: ORT's errors reach the user once, as the exception dmlopt prints
     if log_severity is not None:
         so.log_severity_level = log_severity
     providers = [provider_entry(target, provider_options)]

@@ -438,3 +438,15 @@ def test_reader_that_goes_away_is_not_an_error(tmp_path):
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141
     assert err == ""
+
+
+def test_model_ort_loads_but_cannot_run_is_one_line_on_the_real_stderr(tmp_path):
+    """A Conv with dilations and auto_pad=SAME_UPPER is valid ONNX that ORT's CPU EP refuses at
+    run time; ORT's own C++ error log must not add lines before dmlopt's."""
+    w = numpy_helper.from_array(np.ones((2, 2, 3, 3), np.float32), "W")
+    conv = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], dilations=[2, 2], auto_pad="SAME_UPPER")
+    path = _write(tmp_path, "dilated_same.onnx", _model([conv], [_vi("x", (1, 2, 6, 6))], [_vi("y", (1, 2, 6, 6))], [w]))
+    r = subprocess.run([sys.executable, "-m", "dmlopt", "validate", str(path), str(path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2
+    assert "Dilation not supported" in _one_error_line(r.stderr)
