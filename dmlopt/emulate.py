@@ -209,12 +209,18 @@ class EmulatedSession:
         ort = runtime.ort()
         env: dict[str, Any] = {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
                                for name, value in feeds.items()}
+        on_host: dict[str, Any] = {}  # GPU values copied to the host once per run (a MemcpyToHost)
         for part, sess in zip(self.parts, self.sessions):
             binding = sess.io_binding()
             for name in part.inputs:
                 if name not in env:
                     raise KeyError(f"no value for '{name}' (missing feed?)")
-                binding.bind_ortvalue_input(name, env[name])
+                value = env[name]
+                if part.device == "cpu" and value.device_name() != "cpu":  # a CPU session cannot read GPU memory
+                    if name not in on_host:
+                        on_host[name] = ort.OrtValue.ortvalue_from_numpy(value.numpy())
+                    value = on_host[name]
+                binding.bind_ortvalue_input(name, value)
             for name in part.outputs:
                 device = "cpu" if name in part.host_outputs else self._devices[part.device]
                 binding.bind_output(name, device, 0)
