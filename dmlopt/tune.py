@@ -91,6 +91,8 @@ def _baseline(opt, choices: list) -> Any:
 
 def measure(p, opt, choices, work, original, context, check=None, progress=None) -> tuple[Any, dict[str, Any]]:
     from dmlopt import bench
+    from dmlopt.errors import DmlOptError
+    from dmlopt.pipeline import check_model
     from dmlopt.validate import validate
 
     check = check or {}
@@ -105,8 +107,15 @@ def measure(p, opt, choices, work, original, context, check=None, progress=None)
         if result.modified:
             changed.append(choice)
         atol, rtol = validation_tolerances(ctx.options, check.get("atol"), check.get("rtol"))
-        v = validate(original, result.model, shapes=context.shapes, dims=context.dims, inputs=check.get("inputs"),
-                     atol=atol, rtol=rtol)
+        try:
+            # The same checks the pipeline applies to every pass: a candidate that fails them
+            # is rejected with its reason, never shipped and never a crash of the whole run.
+            check_model(result.model, f"pass '{p.name}' with {opt.flag} {choice}")
+            v = validate(original, result.model, shapes=context.shapes, dims=context.dims,
+                         inputs=check.get("inputs"), atol=atol, rtol=rtol)
+        except DmlOptError as e:
+            rejected[str(choice)] = f"invalid model: {e}"
+            continue
         if not v.passed:
             rejected[str(choice)] = "failed validation"
             continue
