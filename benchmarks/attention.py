@@ -1,0 +1,163 @@
+"""SAM encoders before/after dmlopt's einsum, transpose and attention passes, and against ORT's optimizer.
+
+For each model, in one run: nodes, Transposes, Einsums and MultiHeadAttention nodes of every
+variant, whether it validates against the export (ORT CPU EP, graph rewrites off), and its
+latency on the chosen execution provider, timed in alternation with the export (the speedup
+is the median of per-pair ratios).  Variants:
+
+  export                  the file as the exporter wrote it
+  cleanup                 dmlopt's constant folding alone (what the other rows start from)
+  dmlopt keep             + einsum (fewest-transposes) + transpose, attention kept
+  dmlopt fuse             + attention fused into com.microsoft MultiHeadAttention
+  dmlopt fuse, gemm       the same with einsum_layout=largest-matmul
+  ort vit / ort sam2      onnxruntime.transformers.optimizer.optimize_model(model_type=...)
+
+dmlopt runs with --target dml (what would ship); the timing is on the provider here.
+
+    python benchmarks/attention.py                      # bundled small SAM + a medium SAM, CPU EP
+    python benchmarks/attention.py --ep cuda --vit-b    # adds SAM ViT-B at 1024 (random weights)
+    python benchmarks/attention.py --model enc.onnx --heads 12 --hidden 768
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import sys
+import tempfile
+import time
+import warnings
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import onnx_ir as ir  # noqa: E402
+
+import dmlopt  # noqa: E402
+from dmlopt import bench, runtime  # noqa: E402
+from dmlopt.validate import format_table, validate  # noqa: E402
+
+MHA = "com.microsoft.MultiHeadAttention"
+DMLOPT_PASSES = {
+    "cleanup": ("cleanup", {}),
+    "dmlopt keep": ("cleanup,einsum,transpose", {"einsum_layout": "fewest-transposes"}),
+    "dmlopt fuse": ("cleanup,einsum,transpose,attention", {"einsum_layout": "fewest-transposes",
+                                                            "attention": "fuse"}),
+    "dmlopt fuse, gemm": ("cleanup,einsum,transpose,attention", {"einsum_layout": "largest-matmul",
+                                                                  "attention": "fuse"}),
+}
+
+
+def sam_models(folder: pathlib.Path, medium: bool, vit_b: bool) -> dict[str, tuple[pathlib.Path, int, int]]:
+    """name -> (ONNX file, heads, hidden size)."""
+    models = {}
+    bundled = ROOT / "dmlopt" / "data" / "sam_small.onnx"
+    from models import sam_encoder
+
+    if not bundled.exists():
+        bundled = sam_encoder.export_small(folder / "sam_small.onnx")
+    models["SAM small (64px, 3 blocks)"] = (bundled, sam_encoder.SMALL.num_heads, sam_encoder.SMALL.embed_dim)
+    if medium:
+        path = sam_encoder.export_small(folder / "sam_medium.onnx", img_size=256, patch_size=16, embed_dim=192,
+                                        depth=6, num_heads=6, window_size=7, global_attn_indexes=(2, 5),
+                                        out_chans=64)
+        models["SAM medium (256px, 6 blocks)"] = (path, 6, 192)
+    if vit_b:
+        b = sam_encoder.VARIANTS["vit_b"]
+        path = sam_encoder.export_small(folder / "sam_vit_b.onnx", img_size=b.img_size, patch_size=b.patch_size,
+                                        embed_dim=b.embed_dim, depth=b.depth, num_heads=b.num_heads,
+                                        window_size=b.window_size, global_attn_indexes=b.global_attn_indexes,
+                                        out_chans=b.out_chans)
+        models["SAM ViT-B (1024px, random weights)"] = (path, b.num_heads, b.embed_dim)
+    return models
+
+
+def counts(model: ir.Model) -> dict[str, int]:
+    ops = collections.Counter()
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        ops[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
+    return {"nodes": sum(ops.values()), "Transpose": ops["Transpose"], "Einsum": ops["Einsum"], "MHA": ops[MHA]}
+
+
+def variants(path: pathlib.Path, heads: int, hidden: int, ep: str) -> dict[str, dict]:
+    export = dmlopt.load(str(path))
+    out = {"export": {"model": export, "seconds": 0.0}}
+    for name, (passes, options) in DMLOPT_PASSES.items():
+        t0 = time.perf_counter()
+        result = dmlopt.optimize(export, passes=passes, target="dml", validate=False, **options)
+        out[name] = {"model": result.model, "seconds": time.perf_counter() - t0}
+    for model_type in ("vit", "sam2"):
+        out[f"ort {model_type}"] = ort_optimizer(path, model_type, heads, hidden, ep)
+    return out
+
+
+def ort_optimizer(path: pathlib.Path, model_type: str, heads: int, hidden: int, ep: str) -> dict:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optimized = optimize_model(str(path), model_type=model_type, num_heads=heads, hidden_size=hidden,
+                                       use_gpu=ep == "cuda")
+        return {"model": ir.from_proto(optimized.model), "seconds": time.perf_counter() - t0}
+    except Exception as e:  # noqa: BLE001 - report the optimizer's failure as a row
+        return {"model": None, "seconds": time.perf_counter() - t0, "error": str(e).splitlines()[0][:80]}
+
+
+def measure(name: str, path: pathlib.Path, heads: int, hidden: int, ep: str, runs: int, warmup: int) -> str:
+    found = variants(path, heads, hidden, ep)
+    export = found["export"]["model"]
+    timed = {}
+    for variant, info in found.items():
+        if info["model"] is None:
+            continue
+        info["counts"] = counts(info["model"])
+        check = validate(export, info["model"])
+        info["valid"] = check.passed
+        info["max_rel"] = max(o.max_rel for o in check.outputs)
+        timed[variant] = info["model"]
+    timing = bench.compare(timed, ep, runs=runs, warmup=warmup, baseline="export")
+    base = found["export"]["counts"]
+    rows = [("variant", "nodes", "Transpose", "Einsum", "MHA", "validates", "max rel err", "median ms",
+             "speedup", "Transpose ratio", "optimize s")]
+    for variant, info in found.items():
+        if info["model"] is None:
+            rows.append((variant, "-", "-", "-", "-", f"failed: {info['error']}", "-", "-", "-", "-",
+                         f"{info['seconds']:.1f}"))
+            continue
+        c = info["counts"]
+        t = timing["models"][variant]
+        rows.append((variant, c["nodes"], c["Transpose"], c["Einsum"], c["MHA"], "yes" if info["valid"] else "NO",
+                     f"{info['max_rel']:.1e}", f"{t['latency_ms']['median']:.3f}", f"x{1 / t['ratio_median']:.2f}",
+                     f"{c['Transpose'] / max(base['Transpose'], 1):.2f}", f"{info['seconds']:.1f}"))
+    header = (f"{name} on {timing['provider']} ({runs} alternating runs after {warmup} warm-up; speedup = "
+              f"median of export/variant per pair)")
+    return header + "\n" + format_table(rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ep", default="cpu", choices=("cpu", "cuda", "dml"), help="execution provider to time on")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-medium", action="store_true", help="skip the medium SAM (256px, 6 blocks)")
+    parser.add_argument("--vit-b", action="store_true", help="add SAM ViT-B at 1024x1024 with random weights")
+    parser.add_argument("--model", help="time this encoder instead (with --heads and --hidden)")
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=768)
+    args = parser.parse_args(argv)
+    ep = runtime.resolve_ep(args.ep)
+    with tempfile.TemporaryDirectory(prefix="dmlopt-attention-") as tmp:
+        if args.model:
+            models = {pathlib.Path(args.model).name: (pathlib.Path(args.model), args.heads, args.hidden)}
+        else:
+            models = sam_models(pathlib.Path(tmp), medium=not args.no_medium, vit_b=args.vit_b)
+        for name, (path, heads, hidden) in models.items():
+            print(measure(name, path, heads, hidden, ep, args.runs, args.warmup), end="\n\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
