@@ -11,7 +11,8 @@ Rewrite:
 Cases:
   1. Scores: ``MatMul(Qh, Kt)`` or, after the transpose pass, ``FusedMatMul(Qh, Kh, transB=1,
      alpha)``.  Scalar Mul/Div on q, on k or on the scores (before any bias) multiply into
-     ``scale``.
+     ``scale``.  The Softmax may run on a Reshape of the scores (e.g. 4D) and P be reshaped
+     back before P.V.
   2. Heads: Qh, Kh, Vh (shape ``(batch..., S, H)``) are traced back to the tensors they were
      cut from as strided views (passes/_layout.py).  The batch axes split into B and N
      heads where the N part sits next to the head dim in memory; Q3 = (B, S, N*H) must then
@@ -97,11 +98,21 @@ class Plan:
 
 # ** analysis **
 
+def _softmax_behind(probs: ir.Value) -> ir.Node | None:
+    """The Softmax that P comes from, directly or through one Reshape (a 4D Softmax, 3D P.V)."""
+    node = probs.producer()
+    if node is not None and node.op_type == "Reshape":
+        node = node.inputs[0].producer()
+    if node is None or node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+        return None
+    return node
+
+
 def plan_attention(softmax: ir.Node, pv: ir.Node, target: str) -> Plan:
     """Check one Softmax -> MatMul(P, V) site; return how to fuse it or raise Decline."""
-    probs = softmax.outputs[0]
-    if len(probs.uses()) != 1 or probs.is_graph_output():
-        raise Decline("attention probabilities are read elsewhere")
+    for value in {softmax.outputs[0], pv.inputs[0]}:
+        if len(value.uses()) != 1 or value.is_graph_output():
+            raise Decline("attention probabilities are read elsewhere")
     in_shape = static_shape(softmax.inputs[0])
     if in_shape is None or static_shape(pv.outputs[0]) is None:
         raise Decline("shapes are not static (freeze the dims first, e.g. --dim batch=1)")
@@ -141,6 +152,8 @@ def plan_attention(softmax: ir.Node, pv: ir.Node, target: str) -> Plan:
     groups = math.prod(batch_shape)
     heads, cuts = _split_heads([q_view, k_view, v_view], len(batch_shape), groups)
     scores_shape = static_shape(scores_node.outputs[0])
+    if static_shape(pv.inputs[0]) != scores_shape or static_shape(softmax.inputs[0])[-1] != scores_shape[-1]:
+        raise Decline("the probabilities do not have the scores' shape")
     q_head = _head_value(q_value, q_shape, transposed=False)
     k_head = _head_value(k_value, k_shape, transposed=not k_plain)
     v_head = _head_value(v_value, v_shape, transposed=False)
@@ -381,8 +394,8 @@ class FuseAttention(SiteRule):
 
     def check(self, context, probs, v, out, **_):
         pv = out.producer()
-        softmax = probs.producer()
-        if softmax is None or softmax.op_type != "Softmax" or softmax.domain not in ("", "ai.onnx"):
+        softmax = _softmax_behind(probs)
+        if softmax is None:
             return self.decline(None, "not attention")
         target = self.owner.context.target if self.owner else "cpu"
         try:

@@ -164,6 +164,26 @@ def test_opset_11_softmax_over_the_last_axis_fuses():
     assert_same(proto, result.model)
 
 
+def test_softmax_on_a_4d_view_of_3d_scores():
+    """scores (B*N, S, T) -> Reshape (B, N, S, T) + mask -> Softmax -> Reshape back -> P.V."""
+    g = Graph()
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 12])]
+    qkv = g("MatMul", "x", g.weight(12, 36))
+    heads = g("Transpose", g("Reshape", qkv, g.const([2, 5, 3, 3, 4], np.int64)), perm=[2, 0, 3, 1, 4])
+    q, k, v = (g("Reshape", g("Gather", heads, g.const(i, np.int64), axis=0), g.const([6, 5, 4], np.int64))
+               for i in range(3))
+    scores = g("Reshape", g("MatMul", q, g("Transpose", k, perm=[0, 2, 1])), g.const([2, 3, 5, 5], np.int64))
+    mask = np.where(np.arange(5) < 4, 0.0, -1e4).reshape(1, 1, 1, 5)
+    probs = g("Reshape", g("Softmax", g("Add", scores, g.const(mask)), axis=-1), g.const([6, 5, 5], np.int64))
+    out = g("Reshape", g("Transpose", g("Reshape", g("MatMul", probs, v), g.const([2, 3, 5, 4], np.int64)),
+                         perm=[0, 2, 1, 3]), g.const([2, 5, 12], np.int64))
+    proto = g.model(inputs, out, shape=[2, 5, 12])
+    result, _ = fuse(proto, target="dml")
+    (mha,) = mha_nodes(result.model)
+    assert list(mha.inputs[5].shape.dims) == [2, 3, 5, 5] and transpose_count(result.model) == 0
+    assert_same(proto, result.model)
+
+
 # ** declines **
 
 def test_symbolic_batch_is_declined_with_a_reason():
