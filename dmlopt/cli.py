@@ -74,6 +74,8 @@ def build_parser() -> Parser:
     p.add_argument("--ort-version", help="ONNX Runtime version deployed on the target, e.g. 1.14 (default: newest)")
     p.add_argument("--report", metavar="PATH", help="write the report: JSON if PATH ends in .json, HTML if .html")
     p.add_argument("--no-validate", action="store_true", help="skip the numerics check (not recommended)")
+    p.add_argument("--no-time", dest="retime", action="store_false", default=None,
+                   help="skip timing before/after on the target (done by default when its provider is here)")
     p.add_argument("--force", action="store_true", help="write the output even if validation fails (the report says so)")
     p.add_argument("--tune", action="store_true", help="measure pass variants on the target provider (must be present)")
     p.add_argument("--inputs", metavar="FILE.npz", help="inputs for validation instead of seeded random ones")
@@ -189,7 +191,7 @@ def cmd_optimize(args) -> int:
     result = dmlopt.optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
                              ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
                              inputs=args.inputs, atol=args.atol, rtol=args.rtol, progress=_progress(args),
-                             **options)
+                             retime=args.retime, **options)
     rep = result.report
     ok = result.passed
     if ok or args.force:

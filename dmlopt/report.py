@@ -5,10 +5,12 @@ The JSON schema (documented in README.md, key names are stable):
   input  {nodes, op_counts, initializer_bytes, inputs, outputs}
   output {nodes, op_counts, initializer_bytes}
   passes [{name, modified, seconds, nodes_before, nodes_after, op_delta, sites, notes}]
-  choices [{pass, option, choice, how, candidates}]   options resolved from "auto"
+  choices [{pass, option, choice, how, baseline, candidates {choice: {median_ms, min_ms, p90_ms,
+           ratio, copies, max_rel_error}}, rejected {choice: reason}}]   options resolved from "auto"
   validation {passed, inputs, seed, outputs [{name, max_abs, max_rel, cosine, ...}]}
   broken_by    first pass that broke numerics (when validation failed)
-  timing       {before, after, ratio} when re-timed
+  timing       {provider, before_ms, after_ms, speedup, ratio_median, runs, before{}, after{},
+               load_s_before, load_s_after, copies_before, copies_after, io_binding} when re-timed
   placement    {before, after} predicted DirectML placement, when computed
   written      the output path, or null when nothing was written
 """

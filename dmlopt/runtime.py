@@ -63,7 +63,8 @@ def resolve_ep(ep: str) -> str:
 def provider_entry(target: str, options: Mapping[str, Any] | None = None):
     name = PROVIDERS[target]
     opts = dict(options or {})
-    if target == "dml":
+    if target == "dml" and not {"performance_preference", "device_filter"} & set(opts):
+        # device_id wins over a performance preference in the DirectML factory: set it only alone.
         opts.setdefault("device_id", 0)
     return (name, {k: str(v) for k, v in opts.items()}) if opts else name
 
