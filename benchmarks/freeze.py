@@ -9,7 +9,8 @@ neither time nor memory); peak memory is the growth of the process's peak RSS du
 optimization (VmHWM reset just before, C++ allocations included); then, in this process:
 node count (all nodes, and compute nodes without Constant), Shape/Size nodes and values with a
 dynamic dim left, the file size, ORT session creation time on the CPU EP (the tools' outputs
-created in alternation, ``--rounds`` times, median), and the numerics of each output against the
+created in alternation, ``--rounds`` times, median; wall time and process CPU time, the
+latter steadier on a busy machine), and the numerics of each output against the
 original (ORT CPU, ORT rewrites off).  Ratios are to dmlopt's figure in the same run.
 
 onnxsim and onnxslim are not dependencies of dmlopt: install them for this script only
@@ -177,19 +178,23 @@ def census(path: pathlib.Path) -> dict:
             "bytes": path.stat().st_size + sum(f.stat().st_size for f in dmlopt.model.external_data_files(path))}
 
 
-def session_times(paths: dict[str, pathlib.Path], rounds: int) -> dict[str, float]:
-    """Median ORT (CPU EP, default optimizations) session creation time, tools in alternation."""
+def session_times(paths: dict[str, pathlib.Path], rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median ORT (CPU EP, default optimizations) session creation time, wall and CPU (all
+    threads of this process: steadier than wall time on a busy machine), tools in alternation."""
     import onnxruntime as ort
 
-    times = {k: [] for k in paths}
+    wall = {k: [] for k in paths}
+    cpu = {k: [] for k in paths}
     order = list(paths)
     for r in range(rounds + 1):  # round 0 warms the file cache and ORT's kernel registry
         for key in (order if r % 2 else reversed(order)):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             ort.InferenceSession(str(paths[key]), providers=["CPUExecutionProvider"])
             if r:
-                times[key].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) * 1000 for k, v in times.items()}
+                wall[key].append(time.perf_counter() - t0)
+                cpu[key].append(time.process_time() - c0)
+    return ({k: statistics.median(v) * 1000 for k, v in wall.items()},
+            {k: statistics.median(v) * 1000 for k, v in cpu.items()})
 
 
 def numerics_ok(source: pathlib.Path, path: pathlib.Path, input_name: str, shape: list[int]) -> str:
@@ -220,7 +225,7 @@ def main(argv=None) -> int:
     from dmlopt.validate import format_table
 
     rows = [("model", "tool", "nodes", "compute", "x dmlopt", "Shape/Size", "dyn values", "optimize s", "x dmlopt",
-             "peak MB", "file KB", "x input", "session ms", "x dmlopt", "numerics")]
+             "peak MB", "file KB", "x input", "session ms", "x dmlopt", "cpu ms", "x dmlopt", "numerics")]
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="dmlopt_freeze_bench.") as tmp:
         folder = pathlib.Path(tmp)
@@ -228,7 +233,7 @@ def main(argv=None) -> int:
             outputs = optimize_all(name, source, input_name, shape, folder, tools)
             done = {t: o for t, o in outputs.items() if "error" not in o}
             paths = {"input": source, **{t: o["path"] for t, o in done.items()}}
-            sessions = session_times(paths, args.rounds)
+            sessions, session_cpu = session_times(paths, args.rounds)
             counts = {k: census(p) for k, p in paths.items()}
             mine = counts.get("dmlopt")
             for key in paths:
@@ -240,18 +245,23 @@ def main(argv=None) -> int:
                              f"{o['peak_mb']:.0f}" if o else "-", f"{c['bytes'] / 1024:.0f}",
                              ratio(c["bytes"], counts["input"]["bytes"]), f"{sessions[key]:.1f}",
                              ratio(sessions[key], sessions["dmlopt"]) if "dmlopt" in sessions else "-",
+                             f"{session_cpu[key]:.1f}",
+                             ratio(session_cpu[key], session_cpu["dmlopt"]) if "dmlopt" in session_cpu else "-",
                              "-" if key == "input" else numerics_ok(source, paths[key], input_name, shape)))
             for tool, o in outputs.items():
                 if "error" in o:
-                    rows.append((name, tool, *["-"] * 12, f"failed: {o['error']}"))
+                    rows.append((name, tool, *["-"] * 14, f"failed: {o['error']}"))
             peers = [t for t in done if t != "dmlopt"]
             if mine and peers:
                 best_nodes = min(counts[t]["nodes"] for t in peers)
                 best_compute = min(counts[t]["compute"] for t in peers)
                 best_session = min(sessions[t] for t in peers)
+                best_cpu = min(session_cpu[t] for t in peers)
                 verdicts.append(f"{name}: nodes {mine['nodes']} vs best peer {best_nodes}, compute nodes "
                                 f"{mine['compute']} vs {best_compute}, session {sessions['dmlopt']:.1f} ms vs "
-                                f"{best_session:.1f} ms ({sessions['dmlopt'] / best_session:.2f}x)")
+                                f"{best_session:.1f} ms ({sessions['dmlopt'] / best_session:.2f}x), session CPU "
+                                f"{session_cpu['dmlopt']:.1f} ms vs {best_cpu:.1f} ms "
+                                f"({session_cpu['dmlopt'] / best_cpu:.2f}x)")
     import onnxruntime
 
     versions = [f"onnxruntime {onnxruntime.__version__}"]
@@ -259,7 +269,7 @@ def main(argv=None) -> int:
         if tool in tools:
             versions.append(f"{tool} {__import__(tool).__version__}")
     print(f"freeze dynamic batch -> 1: dmlopt freeze-shapes vs onnxsim, onnxslim ({', '.join(versions)}, "
-          f"{os.cpu_count()} CPUs; session creation: CPU EP, median of {args.rounds} alternating rounds)")
+          f"{os.cpu_count()} CPUs; session creation: CPU EP, median of {args.rounds} alternating rounds, wall and process CPU time)")
     print(format_table(rows))
     for line in verdicts:
         print(line)

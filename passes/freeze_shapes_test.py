@@ -620,7 +620,9 @@ def frozen_file_checks(source: pathlib.Path, tmp_path: pathlib.Path, batch: int)
         dims = info.type.tensor_type.shape.dim
         assert all(d.HasField("dim_value") for d in dims), info.name
     assert out.stat().st_size <= source.stat().st_size * 1.01
-    assert_same_outputs(model, frozen, {image.name: feed(shape)})
+    # the Linear layers became Gemms (bias added inside the accumulation): equal within rounding
+    v = dmlopt.validate(model, frozen, shapes={image.name: shape})
+    assert v.passed and all(o.max_rel < 1e-5 and o.cosine > 0.999999 for o in v.outputs), v.to_table()
     return model, frozen, p
 
 
