@@ -14,6 +14,10 @@ is the median of per-pair ratios).  Variants:
 
 dmlopt runs with --target dml (what would ship); the timing is on the provider here.
 
+A second table times SAM ViT-B's two relative-position Einsums alone (global attention:
+b = 12 heads, 64x64 tokens; windowed: b = 25 windows x 12 heads, 14x14), as ORT runs them
+and lowered in each einsum_layout: the figures behind the einsum pass's per-target defaults.
+
     python benchmarks/attention.py                      # bundled small SAM + a medium SAM, CPU EP
     python benchmarks/attention.py --ep cuda --vit-b    # adds SAM ViT-B at 1024 (random weights)
     python benchmarks/attention.py --model enc.onnx --heads 12 --hidden 768
@@ -137,6 +141,45 @@ def measure(name: str, path: pathlib.Path, heads: int, hidden: int, ep: str, run
     return header + "\n" + format_table(rows)
 
 
+EINSUM_CASES = {  # equation, (b, h, w, c) of the query, k: SAM ViT-B rel-pos terms
+    "global bhwc,hkc->bhwk": ("bhwc,hkc->bhwk", (12, 64, 64, 64), 64),
+    "global bhwc,wkc->bhwk": ("bhwc,wkc->bhwk", (12, 64, 64, 64), 64),
+    "window bhwc,hkc->bhwk": ("bhwc,hkc->bhwk", (300, 14, 14, 64), 14),
+    "window bhwc,wkc->bhwk": ("bhwc,wkc->bhwk", (300, 14, 14, 64), 14),
+}
+
+
+def einsum_table(ep: str, runs: int, warmup: int) -> str:
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dmlopt.passes import PassContext
+    from dmlopt.passes.einsum import EinsumPass
+
+    rows = [("einsum", "layout", "nodes after", "median ms", "speedup vs Einsum")]
+    for name, (equation, q_shape, k) in EINSUM_CASES.items():
+        b, h, w, c = q_shape
+        rel = np.random.default_rng(0).standard_normal((h if equation.split(",")[1][0] == "h" else w, k, c))
+        graph = helper.make_graph([helper.make_node("Einsum", ["q", "r"], ["y"], equation=equation)], "einsum",
+                                  [helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q_shape))],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                  [numpy_helper.from_array(rel.astype(np.float32), "r")])
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        models = {"Einsum": ir.from_proto(proto)}
+        for layout in ("fewest-transposes", "largest-matmul"):
+            model = ir.from_proto(proto)
+            EinsumPass(PassContext(target=ep, options={"einsum_layout": layout}))(model)
+            models[layout] = model
+        timing = bench.compare(models, ep, runs=runs, warmup=warmup, baseline="Einsum")
+        for variant, model in models.items():
+            t = timing["models"][variant]
+            ops = collections.Counter(n.op_type for n in model.graph if n.op_type != "Constant")
+            rows.append((name, variant, ", ".join(f"{o} x{c}" if c > 1 else o for o, c in sorted(ops.items())),
+                         f"{t['latency_ms']['median']:.3f}", f"x{1 / t['ratio_median']:.2f}"))
+    return (f"SAM ViT-B rel-pos Einsums on {runtime.PROVIDERS[ep]} ({runs} alternating runs)\n"
+            + format_table(rows))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ep", default="cpu", choices=("cpu", "cuda", "dml"), help="execution provider to time on")
@@ -147,8 +190,14 @@ def main(argv=None) -> int:
     parser.add_argument("--model", help="time this encoder instead (with --heads and --hidden)")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--no-einsum", action="store_true", help="skip the rel-pos Einsum table")
+    parser.add_argument("--only-einsum", action="store_true", help="only the rel-pos Einsum table")
     args = parser.parse_args(argv)
     ep = runtime.resolve_ep(args.ep)
+    if not args.no_einsum:
+        print(einsum_table(ep, args.runs, args.warmup), end="\n\n", flush=True)
+    if args.only_einsum:
+        return 0
     with tempfile.TemporaryDirectory(prefix="dmlopt-attention-") as tmp:
         if args.model:
             models = {pathlib.Path(args.model).name: (pathlib.Path(args.model), args.heads, args.hidden)}
