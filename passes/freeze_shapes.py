@@ -713,10 +713,11 @@ def _shape_rules(owner: DmlPass, present: set[str]) -> list:
             common_rules.squeeze_reshape_1d_rule, common_rules.unsqueeze_unsqueeze_rule]),
         ({"Reshape"}, lambda: [ReshapeNoOp.rule(owner), ReshapeToExplicitShape.rule(owner),
                                common_rules.materialize_reshape_shape_rule, common_rules.reshape_reshape_rule]),
-        ({"MatMul"}, lambda: [LinearToGemm.rule(owner), LinearToGemm.rule(owner, bias_first=True)]),
         ({"Mul", "Div", "Add", "Sub"}, lambda: [
             *(BroadcastNoOp.rule(owner, op_type) for op_type in BroadcastNoOp.NEUTRAL),
             *(BroadcastNoOp.rule(owner, op_type, constant_first=True) for op_type in ("Mul", "Add"))]),
+        # after the no-ops: a zero bias is dropped, not moved into a Gemm
+        ({"MatMul"}, lambda: [LinearToGemm.rule(owner), LinearToGemm.rule(owner, bias_first=True)]),
         ({"Expand"}, lambda: [common_rules.no_op_expand_rule, *common_rules.expand_before_binary_op_rules]),
         ({"Cast"}, lambda: [common_rules.no_op_cast_rule]),
     ]
