@@ -9,6 +9,7 @@ ORT's CPU EP, on the seeded inputs and on each extra feed of the case (both If b
 from __future__ import annotations
 
 import collections
+import os
 from typing import Any, Callable
 
 from hypothesis import HealthCheck, assume, settings
@@ -19,7 +20,9 @@ from dmlopt.errors import InputError
 from tests.property.strategies import Case
 
 # 300 cases per pass, the same ones on every run (derandomize), none remembered between runs.
-PROPERTY_SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None,
+# To hunt for new bugs: DMLOPT_PROPERTY_EXAMPLES=3000 DMLOPT_PROPERTY_RANDOM=1 pytest tests/property
+PROPERTY_SETTINGS = settings(max_examples=int(os.environ.get("DMLOPT_PROPERTY_EXAMPLES", "300")), deadline=None,
+                             derandomize=not os.environ.get("DMLOPT_PROPERTY_RANDOM"), database=None,
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                                     HealthCheck.data_too_large])
 
@@ -31,21 +34,15 @@ class Outcomes(collections.Counter):
         assert self[of] >= rewrote, f"only {self[of]} cases {of} (want >= {rewrote}): {dict(self)}"
 
 
-_RUNNABLE: dict[bytes, bool] = {}
-
-
 def _runnable(case: Case) -> bool:
-    """Whether ORT runs the original on every feed (cached: strategies run each case 2-5 times)."""
-    key = case.model.SerializeToString()
-    if key not in _RUNNABLE:
-        try:
-            for feed in case.feeds or [None]:
-                dmlopt.validate(case.model, case.model, inputs=feed, shapes=case.options.get("shapes"),
-                                dims=case.options.get("dims"))
-            _RUNNABLE[key] = True
-        except InputError:
-            _RUNNABLE[key] = False
-    return _RUNNABLE[key]
+    """Whether ORT runs the original on every feed at the case's sizes."""
+    try:
+        for feed in case.feeds or [None]:
+            dmlopt.validate(case.model, case.model, inputs=feed, shapes=case.options.get("shapes"),
+                            dims=case.options.get("dims"))
+        return True
+    except InputError:
+        return False
 
 
 def run_case(case: Case, pass_name: str, outcomes: Outcomes | None = None, *,

@@ -583,3 +583,135 @@ def shape_chain_cases(draw):
     else:
         options = {}
     return Case(model, options, feeds, f"N={n} C={c} H={'H' if h_dynamic else h} {how}")
+
+
+# -- Einsum -------------------------------------------------------------------------------------
+
+
+@st.composite
+def einsum_cases(draw):
+    """A random Einsum: 1-3 operands over labels a-f (sizes 1-4: size-1 broadcasting included),
+    repeated labels (diagonals), an ellipsis with broadcast batch dims, implicit output ("no
+    ->"), summed and permuted output labels, constant operands, a symbolic dim."""
+    b = Builder(draw(_seed()))
+    labels = "abcdef"
+    sizes = {l: draw(st.integers(1, 4)) for l in labels}
+    n_ops = draw(st.sampled_from([2, 2, 2, 1, 3]))
+    operands = []
+    for _ in range(n_ops):
+        rank = draw(st.integers(0 if n_ops > 1 else 1, 4))
+        ops = list(draw(st.lists(st.sampled_from(labels[:5]), min_size=rank, max_size=rank, unique=True)))
+        if rank >= 2 and draw(st.integers(0, 9)) == 0:
+            ops[-1] = ops[0]  # a diagonal (declined by the pass)
+        operands.append(ops)
+    ellipsis = draw(st.integers(0, 5)) == 0
+    batch = [draw(st.sampled_from([1, 2, 3])) for _ in range(draw(st.integers(1, 2)))] if ellipsis else []
+    used = list(dict.fromkeys(l for ops in operands for l in ops))
+    implicit = draw(st.integers(0, 5)) == 0
+    out = list(draw(st.permutations([l for l in used if draw(st.booleans())])))
+    inputs, feeds, dims = [], [], {}
+    symbolic = draw(st.integers(0, 4)) == 0
+    sym_label = used[0] if used and symbolic else None
+    for i, ops in enumerate(operands):
+        shape: list = [sizes[l] for l in ops]
+        if ellipsis:
+            # right-aligned broadcast: some operands carry fewer (or size-1) batch dims
+            mine = batch[len(batch) - draw(st.integers(0, len(batch))):]
+            mine = [d if draw(st.booleans()) else 1 for d in mine]
+            shape = mine + shape
+        concrete = list(shape)
+        if sym_label is not None and sym_label in ops and not ellipsis:
+            shape[ops.index(sym_label)] = "S"
+            dims["S"] = sizes[sym_label]
+        if draw(st.sampled_from([False, False, True])) and "S" not in shape:
+            inputs.append(b.const(b.weights(concrete)))
+        else:
+            inputs.append(b.input(shape))
+        operands[i] = (["..."] if ellipsis else []) + ops
+    lhs = ",".join("".join(ops) for ops in operands)
+    equation = lhs if implicit else lhs + "->" + ("..." if ellipsis else "") + "".join(out)
+    y = b.op("Einsum", inputs, equation=equation)
+    if all(i.startswith("c") for i in inputs):
+        y = b.op("Add", [y, b.op("ReduceSum", [b.input([1])], keepdims=1)])  # a graph input to feed
+    model = finish_or_reject(b, [y])
+    tags = {"einsum-constant-to-scalar"} if n_ops == 1 and inputs[0].startswith("c") and equation.endswith("->") \
+        else set()
+    target = draw(st.sampled_from(["dml", "dml", "cuda", "cpu"]))
+    ort_version = draw(st.sampled_from([None, "1.14", "1.18", "1.19", "1.23"])) if target == "dml" else None
+    options: dict[str, Any] = {"target": target, "ort_version": ort_version}
+    if dims:
+        options["dims"] = dims
+    return Case(model, options, feeds, f"{equation} sizes={sizes} {target} {ort_version}", tags)
+
+
+# -- Transposes around MatMul / Softmax / elementwise / reductions (transpose) -------------------
+
+
+@st.composite
+def transpose_cases(draw):
+    """A chain over x of random Transposes, elementwise ops (unary; binary with a constant of a
+    broadcast shape, or with a second Transposed input), Softmax/LogSoftmax on an axis,
+    reductions (keepdims 0/1) and MatMul/Gemm, in the main graph or a body."""
+    b = Builder(draw(_seed()))
+    b.opset = draw(st.sampled_from([OPSET, OPSET, 13, 11]))
+    rank = draw(st.integers(2, 4))
+    shape = [draw(st.integers(1, 4)) for _ in range(rank)]
+    x = b.input(shape)
+    where = draw(st.sampled_from(["main"] * 5 + ["if"]))
+    feeds: list = []
+    steps = draw(st.lists(st.sampled_from(["transpose", "transpose", "unary", "binary-const", "binary-pair",
+                                           "softmax", "reduce", "matmul"]), min_size=2, max_size=7))
+
+    def pattern(sb: Builder, v: str) -> str:
+        cur, shp = v, list(shape)
+        for step in steps:
+            r = len(shp)
+            if step == "transpose":
+                p = list(draw(st.permutations(range(r))))
+                cur, shp = sb.op("Transpose", [cur], perm=p), [shp[i] for i in p]
+            elif step == "unary":
+                cur = sb.op(draw(st.sampled_from(["Relu", "Neg", "Sigmoid", "Abs"])), [cur])
+            elif step == "binary-const":
+                k = draw(st.integers(0, r))
+                cshape = [d if draw(st.booleans()) else 1 for d in shp[r - k:]]
+                const = sb.const(b.weights(cshape), as_node=draw(st.booleans()))
+                ops = [cur, const] if draw(st.booleans()) else [const, cur]
+                cur = sb.op(draw(st.sampled_from(["Add", "Mul", "Sub", "Max"])), ops)
+            elif step == "binary-pair":
+                p = list(draw(st.permutations(range(r))))
+                inverse = [p.index(i) for i in range(r)]
+                base = [shp[i] for i in inverse]
+                other = sb.op("Transpose", [sb.const(b.weights(base))], perm=p)
+                cur = sb.op("Add", [cur, other])
+            elif step == "softmax":
+                axis = draw(st.integers(-r, r - 1))
+                cur = sb.op(draw(st.sampled_from(["Softmax", "LogSoftmax"])), [cur], axis=axis)
+            elif step == "reduce":
+                axes = sorted(draw(st.sets(st.integers(0, r - 1), min_size=1, max_size=r)))
+                keep = draw(st.integers(0, 1))
+                if keep == 0 and len(axes) == r:
+                    axes = axes[:-1] or axes
+                    if len(axes) == r:
+                        keep = 1
+                op = draw(st.sampled_from(["ReduceSum", "ReduceMean", "ReduceMax"]))
+                axes_as_input = (op == "ReduceSum" and b.opset >= 13) or b.opset >= 18
+                if axes_as_input:
+                    cur = sb.op(op, [cur, sb.const(np.array(axes, np.int64))], keepdims=keep)
+                else:
+                    cur = sb.op(op, [cur], axes=axes, keepdims=keep)
+                shp = [d for i, d in enumerate(shp) if i not in axes] if not keep else \
+                    [1 if i in axes else d for i, d in enumerate(shp)]
+            elif step == "matmul" and r >= 2:
+                n = draw(st.integers(1, 4))
+                if r == 2 and draw(st.booleans()):
+                    w = sb.const(b.weights([n, shp[-1]]))
+                    cur = sb.op("Gemm", [cur, w], transB=1)
+                else:
+                    cur = sb.op("MatMul", [cur, sb.const(b.weights([shp[-1], n]))])
+                shp = shp[:-1] + [n]
+        return cur
+
+    y = embed(b, x, pattern, where, feeds)
+    model = finish_or_reject(b, [y])
+    tags = {"reduce-in-body-before-opset-13"} if where != "main" and b.opset < 13 and "reduce" in steps else set()
+    return Case(model, {}, feeds, f"{shape} {steps} opset={b.opset} {where}", tags)

@@ -32,3 +32,32 @@ def test_leaky_relu_in_loop_body_keeps_the_loops_empty_cond_input(strategy):
     assert result.passed
     loop = next(n for n in result.model.graph if n.op_type == "Loop")
     assert len(loop.inputs) == 2 and loop.inputs[1] is None
+
+
+@pytest.mark.xfail(strict=True, reason="einsum: a one-operand full reduction of a constant ('ab->') is folded into "
+                                       "a [1] tensor instead of a scalar: strict shape inference rejects the model")
+@pytest.mark.parametrize("layout", ["fewest-transposes", "largest-matmul"])
+def test_einsum_full_reduction_of_a_constant_is_a_scalar(layout):
+    b = Builder(0)
+    total = b.op("Einsum", [b.const(b.weights([2, 3]))], equation="ab->")
+    y = b.op("Add", [total, b.input([])])
+    result = dmlopt.optimize(finish(b, [y]), passes=["einsum"], einsum_layout=layout, retime=False)
+    assert result.passed
+    assert result.report.passes[0]["op_counts_after"].get("Einsum", 0) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="transpose: in an If branch of an opset-11 model, sinking a Transpose through "
+                                       "ReduceSum writes the opset-13 form (axes as an input): invalid model")
+def test_transpose_sunk_through_reducesum_in_if_branch_keeps_the_models_opset():
+    b = Builder(0)
+    b.opset = 11
+    x = b.input([2, 3])
+
+    def pattern(sb, v):
+        return sb.op("ReduceSum", [sb.op("Transpose", [sb.op("Relu", [v])], perm=[1, 0])], axes=[0], keepdims=0)
+
+    feeds = []
+    y = embed(b, x, pattern, "if", feeds)
+    result = dmlopt.optimize(finish(b, [y]), passes=["transpose"], retime=False)
+    assert result.passed
+    assert result.report.passes[0]["op_counts_after"].get("Transpose", 0) == 0

@@ -1,0 +1,25 @@
+"""einsum: lowering any Einsum equation to Transpose/Reshape/MatMul/ReduceSum keeps numerics,
+for both layouts and every target/ORT version (or the equation is declined/kept)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+
+from tests.property.harness import PROPERTY_SETTINGS, Outcomes, run_case
+from tests.property.strategies import einsum_cases
+
+
+def test_einsum_lowering_keeps_numerics():
+    outcomes = Outcomes()
+
+    @PROPERTY_SETTINGS
+    @given(case=einsum_cases())
+    def prop(case):
+        if "einsum-constant-to-scalar" in case.tags:
+            return  # test_regressions.py::test_einsum_full_reduction_of_a_constant_is_a_scalar
+        for layout in ("fewest-transposes", "largest-matmul"):
+            outcomes[(layout, run_case(case, "einsum", einsum_layout=layout))] += 1
+
+    prop()
+    outcomes.require(150, of=("fewest-transposes", "rewrote"))
+    outcomes.require(150, of=("largest-matmul", "rewrote"))
