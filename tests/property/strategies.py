@@ -715,3 +715,200 @@ def transpose_cases(draw):
     model = finish_or_reject(b, [y])
     tags = {"reduce-in-body-before-opset-13"} if where != "main" and b.opset < 13 and "reduce" in steps else set()
     return Case(model, {}, feeds, f"{shape} {steps} opset={b.opset} {where}", tags)
+
+
+# -- scaled dot-product attention (attention) -----------------------------------------------------
+
+
+@st.composite
+def attention_cases(draw):
+    """Multi-head attention as exporters write it: q/k/v projections (separate, or one packed
+    qkv MatMul split by Slice), heads cut by Reshape+Transpose, scores by MatMul (k transposed
+    by the head Transpose or a separate one), a scalar scale on q, k or the scores (Mul or
+    Div), an optional additive bias of several broadcast shapes, Softmax, the context MatMul
+    and the head merge.  Variants the pass must decline: Softmax not over the last axis, a
+    Where mask, probabilities also read elsewhere, a scale after the bias, symbolic dims."""
+    b = Builder(draw(_seed()))
+    batch, seq, heads, head = draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 3)), \
+        draw(st.integers(1, 4))
+    embed_dim = heads * head
+    symbolic = draw(st.integers(0, 6)) == 0
+    x = b.input(["B" if symbolic else batch, seq, embed_dim])
+    packed = draw(st.booleans())
+    variant = draw(st.sampled_from(["plain"] * 6 + ["softmax-axis", "where-mask", "probs-read", "scale-after-bias"]))
+    scale_on = draw(st.sampled_from(["q", "k", "scores", "none"]))
+    scale_op = draw(st.sampled_from(["Mul", "Div"]))
+    bias = draw(st.sampled_from([None, None, "full", "heads", "seq"]))
+
+    def split_heads(v, k_layout=False):
+        r = b.op("Reshape", [v, b.const(np.array([0, seq, heads, head], np.int64))])
+        return b.op("Transpose", [r], perm=[0, 2, 3, 1] if k_layout else [0, 2, 1, 3])
+
+    if packed:
+        qkv = b.op("MatMul", [x, b.const(b.weights([embed_dim, 3 * embed_dim], 0.5))])
+        parts = [b.op("Slice", [qkv, b.const(np.array([i * embed_dim], np.int64)),
+                                b.const(np.array([(i + 1) * embed_dim], np.int64)), b.const(np.array([2], np.int64))])
+                 for i in range(3)]
+    else:
+        parts = [b.op("MatMul", [x, b.const(b.weights([embed_dim, embed_dim], 0.5))]) for _ in range(3)]
+    q, k, v = parts
+    scale = b.const(np.array(draw(st.sampled_from([0.5, 1 / np.sqrt(head), 2.0, 0.125])), np.float32))
+    if scale_on == "q":
+        q = b.op(scale_op, [q, scale])
+    if scale_on == "k":
+        k = b.op(scale_op, [k, scale])
+    k_direct = draw(st.booleans())
+    qh = split_heads(q)
+    kh = split_heads(k, k_layout=True) if k_direct else b.op("Transpose", [split_heads(k)], perm=[0, 1, 3, 2])
+    vh = split_heads(v)
+    scores = b.op("MatMul", [qh, kh])
+    if scale_on == "scores" and variant != "scale-after-bias":
+        scores = b.op(scale_op, [scores, scale])
+    if bias is not None:
+        shape = {"full": [batch, heads, seq, seq], "heads": [1, heads, seq, seq], "seq": [seq, seq]}[bias]
+        if symbolic and bias == "full":
+            shape = [1, heads, seq, seq]
+        scores = b.op("Add", [scores, b.const(b.weights(shape))])
+    if variant == "scale-after-bias":
+        scores = b.op("Mul", [scores, scale])
+    if variant == "where-mask":
+        mask = b.const(b.rng.integers(0, 2, (seq, seq)).astype(bool))
+        scores = b.op("Where", [mask, scores, b.const(np.array(-1e4, np.float32))])
+    probs = b.op("Softmax", [scores], axis=2 if variant == "softmax-axis" else -1)
+    context = b.op("MatMul", [probs, vh])
+    merged = b.op("Reshape", [b.op("Transpose", [context], perm=[0, 2, 1, 3]),
+                              b.const(np.array([0, seq, embed_dim], np.int64))])
+    y = b.op("MatMul", [merged, b.const(b.weights([embed_dim, embed_dim], 0.5))])
+    outputs = [y] + ([b.op("ReduceSum", [probs], keepdims=0)] if variant == "probs-read" else [])
+    model = finish_or_reject(b, outputs)
+    target = draw(st.sampled_from(["cpu", "cuda", "dml", "dml"]))
+    ort_version = draw(st.sampled_from([None, "1.14", "1.18", "1.23"])) if target == "dml" else None
+    options: dict[str, Any] = {"target": target, "ort_version": ort_version}
+    if symbolic:
+        options["dims"] = {"B": batch}
+    return Case(model, options, [], f"B{batch} S{seq} N{heads} H{head} packed={packed} {variant} scale={scale_on}/"
+                                    f"{scale_op} bias={bias} k_direct={k_direct} {target} {ort_version}")
+
+
+# -- what DirectML leaves on the CPU (copies) -----------------------------------------------------
+
+
+@st.composite
+def copies_cases(draw):
+    """n-ary Sum/Max/Min/Mean (1-5 inputs, broadcasting), Gelu (opset 20, none/tanh),
+    LayerNormalization with or without bias and with Mean/InvStdDev used or not, Cast pairs
+    (lossless and lossy, float and int), an If on a constant or computed condition."""
+    b = Builder(draw(_seed()))
+    kind = draw(st.sampled_from(["nary", "nary", "gelu", "layernorm", "cast", "if"]))
+    b.opset = 20 if kind == "gelu" else draw(st.sampled_from([OPSET, 18, 20]))
+    rank = draw(st.integers(1, 3))
+    shape = [draw(st.integers(1, 4)) for _ in range(rank)]
+    dtype = draw(st.sampled_from([FLOAT] * 4 + [TensorProto.INT64, TensorProto.INT32])) if kind in ("nary", "cast") \
+        else FLOAT
+    x = b.input(shape, dtype)
+    outputs = []
+    feeds: list = []
+    if kind == "nary":
+        op = draw(st.sampled_from(["Sum", "Max", "Min", "Mean"]))
+        if dtype != FLOAT and op in ("Sum", "Mean"):
+            dtype = FLOAT
+            x = b.input(shape, FLOAT)
+        args = [x]
+        for _ in range(draw(st.integers(0, 4))):
+            k = draw(st.integers(0, rank))
+            cshape = [d if draw(st.booleans()) else 1 for d in shape[rank - k:]]
+            values = b.weights(cshape, 3.0)
+            args.append(b.const(values.astype(_np(dtype)) if dtype == FLOAT else np.round(values).astype(_np(dtype)))
+                        if draw(st.booleans()) else b.input(cshape, dtype))
+        outputs.append(b.op(op, draw(st.permutations(args))))
+    elif kind == "gelu":
+        outputs.append(b.op("Gelu", [x], approximate=draw(st.sampled_from(["none", "tanh"]))))
+    elif kind == "layernorm":
+        axis = draw(st.integers(-rank, rank - 1))
+        norm_shape = shape[axis:] if axis < 0 else shape[axis:]
+        inputs = [x, b.const(b.weights(norm_shape))]
+        if draw(st.booleans()):
+            inputs.append(b.const(b.weights(norm_shape) if draw(st.booleans()) else np.zeros(norm_shape, np.float32)))
+        n_out = draw(st.integers(1, 3))
+        outs = b.op("LayerNormalization", inputs, n_out=n_out, axis=axis, epsilon=1e-5)
+        outs = [outs] if n_out == 1 else outs
+        outputs.append(outs[0])
+        if n_out > 1 and draw(st.booleans()):
+            outputs.append(outs[draw(st.integers(1, n_out - 1))])  # a used Mean/InvStdDev: declined
+    elif kind == "cast":
+        mid = draw(st.sampled_from([TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT64, TensorProto.INT32,
+                                    TensorProto.FLOAT, TensorProto.INT8, TensorProto.BOOL]))
+        y = b.op("Cast", [b.op("Cast", [x], to=mid)], to=dtype)
+        outputs.append(b.op("Add", [y, y]) if dtype != TensorProto.BOOL else y)
+    else:
+        constant = draw(st.booleans())
+        cond = b.const(np.array(draw(st.booleans()))) if constant else b.input([], TensorProto.BOOL)
+        if not constant:
+            feeds.extend([{cond: np.array(True)}, {cond: np.array(False)}])
+        branches = []
+        for op in ("Relu", "Sigmoid"):
+            sub = b.sub()
+            branches.append(sub.graph(op, [helper.make_tensor_value_info(sub.op(op, [x]), FLOAT, None)]))
+        outputs.append(b.op("If", [cond], then_branch=branches[0], else_branch=branches[1]))
+    model = finish_or_reject(b, outputs)
+    ort_version = draw(st.sampled_from([None, "1.14", "1.18", "1.23"]))
+    return Case(model, {"target": "dml", "ort_version": ort_version}, feeds,
+                f"{kind} shape={shape} dtype={dtype} opset={b.opset} ort={ort_version}")
+
+
+# -- float16 (fp16) -------------------------------------------------------------------------------
+
+
+@st.composite
+def fp16_cases(draw):
+    """A small network of float32 ops fp16 converts or keeps: Conv, MatMul/Gemm, Add/Mul with
+    constants, Relu/Sigmoid/Tanh, Softmax, LayerNormalization, ReduceMean, Resize, Concat,
+    a Shape->Cast->Div index computation (kept float32), Range (kept), an If (kept)."""
+    b = Builder(draw(_seed()))
+    b.opset = draw(st.sampled_from([OPSET, 18]))
+    c, h = draw(st.integers(1, 4)), draw(st.integers(2, 5))
+    x = b.input([1, c, h, h])
+    y = x
+    feeds: list = []
+    for _ in range(draw(st.integers(1, 5))):
+        step = draw(st.sampled_from(["conv", "act", "affine", "softmax", "layernorm", "reduce", "resize", "concat",
+                                     "index", "range", "if", "matmul"]))
+        if step == "conv":
+            y = b.op("Conv", [y, b.const(b.weights([c, c, 3, 3], 0.3)), b.const(b.weights([c]))], pads=[1, 1, 1, 1])
+        elif step == "act":
+            y = b.op(draw(st.sampled_from(["Relu", "Sigmoid", "Tanh", "LeakyRelu", "Abs"])), [y])
+        elif step == "affine":
+            y = b.op(draw(st.sampled_from(["Add", "Mul", "Sub"])), [y, b.const(b.weights([c, 1, 1]))])
+        elif step == "softmax":
+            y = b.op("Softmax", [y], axis=-1)
+        elif step == "layernorm":
+            y = b.op("LayerNormalization", [y, b.const(b.weights([h])), b.const(b.weights([h]))], axis=-1)
+        elif step == "reduce":
+            y = b.op("Add", [y, b.op("ReduceMean", [y], axes=[2, 3], keepdims=1) if b.opset < 18 else
+                             b.op("ReduceMean", [y, b.const(np.array([2, 3], np.int64))], keepdims=1)])
+        elif step == "resize":
+            r = b.op("Resize", [y, "", b.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
+            y = b.op("MaxPool", [r], kernel_shape=[2, 2], strides=[2, 2])
+        elif step == "concat":
+            y = b.op("Slice", [b.op("Concat", [y, b.op("Neg", [y])], axis=1), b.const(np.array([0], np.int64)),
+                               b.const(np.array([c], np.int64)), b.const(np.array([1], np.int64))])
+        elif step == "index":
+            n = b.op("Cast", [b.op("Gather", [b.op("Shape", [y]), b.const(np.array(3, np.int64))])], to=FLOAT)
+            y = b.op("Div", [y, b.op("Floor", [b.op("Div", [n, b.const(np.array(2.0, np.float32))])])]) if h >= 2 else y
+        elif step == "range":
+            r = b.op("Range", [b.const(np.array(0.0, np.float32)), b.const(np.array(float(h), np.float32)),
+                               b.const(np.array(1.0, np.float32))])
+            y = b.op("Add", [y, b.op("Mul", [r, b.const(np.array(0.1, np.float32))])])
+        elif step == "if":
+            cond = b.input([], TensorProto.BOOL)
+            feeds.extend([{cond: np.array(True)}, {cond: np.array(False)}])
+            branches = []
+            for op in ("Relu", "Tanh"):
+                sub = b.sub()
+                branches.append(sub.graph(op, [helper.make_tensor_value_info(sub.op(op, [y]), FLOAT, None)]))
+            y = b.op("If", [cond], then_branch=branches[0], else_branch=branches[1])
+        else:
+            y = b.op("MatMul", [y, b.const(b.weights([h, h], 0.4))])
+    model = finish_or_reject(b, [y])
+    keep_io = draw(st.booleans())
+    return Case(model, {"fp16": True, "keep_io_types": keep_io}, feeds, f"c={c} h={h} keep_io={keep_io}")
