@@ -323,99 +323,6 @@ def test_neutral_broadcast_arithmetic_goes_only_when_shape_is_kept():
     assert_same_outputs(model, frozen, {"x": feed([2, 4, 5])})
 
 
-def linear_model(rank3_views: str) -> ir.Model:
-    """A Linear layer (MatMul + bias Add) on a rank-3 input, with or without Reshapes around it."""
-    pre = "v = Reshape(x, s_in)" if "before" in rank3_views else "v = Relu(x)"
-    post = "y = Reshape(lin, s_out)" if "after" in rank3_views else "y = Relu(lin)"
-    out_type = "float[N, 60]" if "after" in rank3_views else "float[N, 3, 20]"
-    return with_weights(text(f"""
-    g (float[N, 3, 8] x, float[8, 20] w, float[20] b) => ({out_type} y) {{
-      s_in = Constant<value = int64[3] {{0, 3, 8}}>()
-      s_out = Constant<value = int64[2] {{0, 60}}>()
-      {pre}
-      mm = MatMul(v, w)
-      lin = Add(mm, b)
-      {post}
-    }}
-    """), w=RNG.standard_normal((8, 20)).astype(np.float32), b=RNG.standard_normal(20).astype(np.float32))
-
-
-@pytest.mark.parametrize("views,expected", [
-    ("before+after", ["Reshape", "Gemm", "Reshape"]),
-    ("after", ["Relu", "Reshape", "Gemm", "Reshape"]),
-    ("none", ["Relu", "MatMul", "Add", "Relu"]),
-])
-def test_linear_layers_become_gemm_next_to_reshapes(views, expected):
-    model = linear_model(views)
-    frozen, p = freeze(model, dims={"N": 2})
-    assert main_ops(frozen) == expected
-    if views == "none":
-        assert any("a Gemm would add two Reshapes" in s.detail for s in p.sites if s.action == "declined")
-    else:
-        gemm = next(n for n in frozen.graph if n.op_type == "Gemm")
-        assert gemm.inputs[0].shape.dims == (6, 8) and gemm.outputs[0].shape.dims == (6, 20)
-    # a Gemm adds the bias inside the product's accumulation: equal within float rounding
-    v = dmlopt.validate(model, frozen, shapes={"x": [2, 3, 8]})
-    assert v.passed and v.outputs[0].max_rel < 1e-6
-
-
-def test_linear_on_a_2d_input_becomes_one_gemm():
-    model = with_weights(text("""
-    g (float[N, 8] x, float[8, 5] w, float[1, 5] b) => (float[N, 5] y) {
-      mm = MatMul(x, w)
-      y = Add(b, mm)
-    }
-    """), w=RNG.standard_normal((8, 5)).astype(np.float32), b=RNG.standard_normal((1, 5)).astype(np.float32))
-    frozen, _ = freeze(model, dims={"N": 4})
-    assert main_ops(frozen) == ["Gemm"]
-    assert dmlopt.validate(model, frozen, shapes={"x": [4, 8]}).passed
-
-
-MLP = """
-g (float[N, 4, 4, 8] x, float[8, 32] w1, float[32] b1, float[32, 8] w2, float[8] b2, float[{vec}] v) =>
-  (float[N, 4, 4, 8] y) {{
-  h = MatMul(x, w1)
-  hb = Add(b1, h)
-  c = Constant<value = float {{1.4142135}}>()
-  d = Div(hb, c)
-  e = Erf(d)
-  one = Constant<value = float {{1.0}}>()
-  e1 = Add(e, one)
-  g = Mul(hb, e1)
-  half = Constant<value = float {{0.5}}>()
-  act = Mul(g, {second_operand})
-  o = MatMul(act, w2)
-  ob = Add(o, b2)
-  y = Add(x, ob)
-}}
-"""
-
-
-def mlp_model(second_operand: str) -> ir.Model:
-    vec = 32
-    return with_weights(text(MLP.format(vec=vec, second_operand=second_operand)),
-                        w1=RNG.standard_normal((8, 32)).astype(np.float32), b1=RNG.standard_normal(32).astype(np.float32),
-                        w2=RNG.standard_normal((32, 8)).astype(np.float32), b2=RNG.standard_normal(8).astype(np.float32),
-                        v=RNG.standard_normal(vec).astype(np.float32))
-
-
-def test_transformer_mlp_runs_on_2d_rows_between_two_gemms():
-    model = mlp_model("half")
-    frozen, p = freeze(model, dims={"N": 2})
-    assert main_ops(frozen) == ["Reshape", "Gemm", "Div", "Erf", "Add", "Mul", "Mul", "Gemm", "Reshape", "Add"]
-    by_op = {n.op_type: n for n in frozen.graph}
-    assert by_op["Erf"].outputs[0].shape.dims == (32, 32)  # 2 * 4 * 4 rows
-    assert any("two Linears -> Gemms on [32, *] rows" in s.detail for s in p.sites)
-    v = dmlopt.validate(model, frozen, shapes={"x": [2, 4, 4, 8]})
-    assert v.passed and v.outputs[0].max_rel < 1e-6
-
-
-def test_mlp_whose_activation_reads_a_vector_stays():
-    # act * v with v of 32 values broadcasts by the last axis: not a size-1 operand, left alone
-    frozen, _ = freeze(mlp_model("v"), dims={"N": 2})
-    assert main_ops(frozen).count("MatMul") == 2 and "Gemm" not in main_ops(frozen)
-
-
 # ** control flow **
 
 IF_MODEL = """
@@ -620,9 +527,7 @@ def frozen_file_checks(source: pathlib.Path, tmp_path: pathlib.Path, batch: int)
         dims = info.type.tensor_type.shape.dim
         assert all(d.HasField("dim_value") for d in dims), info.name
     assert out.stat().st_size <= source.stat().st_size * 1.01
-    # the Linear layers became Gemms (bias added inside the accumulation): equal within rounding
-    v = dmlopt.validate(model, frozen, shapes={image.name: shape})
-    assert v.passed and all(o.max_rel < 1e-5 and o.cosine > 0.999999 for o in v.outputs), v.to_table()
+    assert_same_outputs(model, frozen, {image.name: feed(shape)})
     return model, frozen, p
 
 
