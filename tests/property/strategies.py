@@ -912,3 +912,54 @@ def fp16_cases(draw):
     model = finish_or_reject(b, [y])
     keep_io = draw(st.booleans())
     return Case(model, {"fp16": True, "keep_io_types": keep_io}, feeds, f"c={c} h={h} keep_io={keep_io}")
+
+
+# -- Linear layers: Add(MatMul(a, W), b) (linear-gemm) ---------------------------------------------
+
+
+@st.composite
+def linear_cases(draw):
+    """Linear layers as exporters write them: Add(MatMul(a, W), b) with a of rank 2-4, the bias
+    of shape [N], [1, N], a scalar or one of a's rows (declined), on either side of the Add;
+    next to view ops (Reshape/Flatten) or not; the transformer MLP Linear -> act -> Linear
+    with Gelu-style or Relu activations; a dynamic batch (declined unless frozen)."""
+    b = Builder(draw(_seed()))
+    rank = draw(st.integers(2, 4))
+    lead = [draw(st.integers(1, 3)) for _ in range(rank - 2)]
+    m, k = draw(st.integers(1, 4)), draw(st.integers(1, 5))
+    shape: list = [*lead, m, k]
+    dynamic = draw(st.integers(0, 5)) == 0
+    dims = {}
+    if dynamic:
+        dims["B"] = shape[0]
+        shape[0] = "B"
+    x = b.input(shape)
+    concrete = [dims.get(d, d) if isinstance(d, str) else d for d in shape]
+    v = x
+    if draw(st.booleans()) and rank > 2:  # a view op before the Linear
+        v = b.op("Reshape", [b.op("Relu", [v]), b.const(np.array([0] * (rank - 1) + [-1], np.int64))])
+
+    def linear(a, k_in):
+        n = draw(st.integers(1, 5))
+        y = b.op("MatMul", [a, b.const(b.weights([k_in, n], 0.5))])
+        bias_shape = draw(st.sampled_from([[n], [n], [1, n], [], [concrete[-2], n]]))
+        bias = b.const(b.weights(bias_shape))
+        return b.op("Add", [y, bias] if draw(st.booleans()) else [bias, y]), n
+
+    y, n = linear(v, k)
+    if draw(st.booleans()):  # an MLP: act between two Linears
+        act = draw(st.sampled_from(["Relu", "Sigmoid", "Tanh", "gelu-erf", "mul-const"]))
+        if act == "gelu-erf":
+            e = b.op("Erf", [b.op("Div", [y, b.const(np.array(1.4142135, np.float32))])])
+            y = b.op("Mul", [b.op("Mul", [y, b.op("Add", [e, b.const(np.array(1.0, np.float32))])]),
+                             b.const(np.array(0.5, np.float32))])
+        elif act == "mul-const":
+            y = b.op("Mul", [y, b.const(b.weights([1, n]))])
+        else:
+            y = b.op(act, [y])
+        y, n = linear(y, n)
+    if draw(st.booleans()) and rank > 2:  # a view op after
+        y = b.op("Reshape", [y, b.const(np.array([0, -1], np.int64))])
+    model = finish_or_reject(b, [y])
+    freeze = dynamic and draw(st.booleans())
+    return Case(model, {"dims": dims} if freeze else {}, [], f"{shape} dynamic={dynamic} frozen={freeze}")
