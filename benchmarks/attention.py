@@ -5,12 +5,13 @@ variant, whether it validates against the export (ORT CPU EP, graph rewrites off
 latency on the chosen execution provider, timed in alternation with the export (the speedup
 is the median of per-pair ratios).  Variants:
 
-  export                  the file as the exporter wrote it
-  cleanup                 dmlopt's constant folding alone (what the other rows start from)
-  dmlopt keep             + einsum (fewest-transposes) + transpose, attention kept
-  dmlopt fuse             + attention fused into com.microsoft MultiHeadAttention
-  dmlopt fuse, gemm       the same with einsum_layout=largest-matmul
-  ort vit / ort sam2      onnxruntime.transformers.optimizer.optimize_model(model_type=...)
+  export                    the file as the exporter wrote it
+  cleanup                   dmlopt's constant folding alone (what the other rows start from)
+  dmlopt keep               + einsum (largest-matmul) + transpose, attention kept
+  dmlopt fuse               + attention fused into com.microsoft MultiHeadAttention
+  dmlopt keep/fuse gemv     the same with einsum_layout=fewest-transposes (batched vector products)
+  dmlopt fuse einsum-kept   cleanup + transpose + attention, Einsum left to ORT (the CUDA default)
+  ort vit / ort sam2        onnxruntime.transformers.optimizer.optimize_model(model_type=...)
 
 dmlopt runs with --target dml (what would ship); the timing is on the provider here.
 
@@ -43,14 +44,20 @@ from dmlopt import bench, runtime  # noqa: E402
 from dmlopt.validate import format_table, validate  # noqa: E402
 
 MHA = "com.microsoft.MultiHeadAttention"
-DMLOPT_PASSES = {
+DMLOPT_VARIANTS = {  # name -> (passes, options); dmlopt runs with --target dml
     "cleanup": ("cleanup", {}),
-    "dmlopt keep": ("cleanup,einsum,transpose", {"einsum_layout": "fewest-transposes"}),
-    "dmlopt fuse": ("cleanup,einsum,transpose,attention", {"einsum_layout": "fewest-transposes",
+    "dmlopt keep": ("cleanup,einsum,transpose", {"einsum": "lower", "einsum_layout": "largest-matmul",
+                                                  "attention": "keep"}),
+    "dmlopt fuse": ("cleanup,einsum,transpose,attention", {"einsum": "lower", "einsum_layout": "largest-matmul",
                                                             "attention": "fuse"}),
-    "dmlopt fuse, gemm": ("cleanup,einsum,transpose,attention", {"einsum_layout": "largest-matmul",
-                                                                  "attention": "fuse"}),
+    "dmlopt keep gemv": ("cleanup,einsum,transpose", {"einsum": "lower", "einsum_layout": "fewest-transposes",
+                                                       "attention": "keep"}),
+    "dmlopt fuse gemv": ("cleanup,einsum,transpose,attention", {"einsum": "lower",
+                                                                 "einsum_layout": "fewest-transposes",
+                                                                 "attention": "fuse"}),
+    "dmlopt fuse einsum-kept": ("cleanup,transpose,attention", {"attention": "fuse"}),
 }
+ALL_VARIANTS = ("export", *DMLOPT_VARIANTS, "ort vit", "ort sam2")
 
 
 def sam_models(folder: pathlib.Path, medium: bool, vit_b: bool) -> dict[str, tuple[pathlib.Path, int, int]]:
@@ -84,15 +91,18 @@ def counts(model: ir.Model) -> dict[str, int]:
     return {"nodes": sum(ops.values()), "Transpose": ops["Transpose"], "Einsum": ops["Einsum"], "MHA": ops[MHA]}
 
 
-def variants(path: pathlib.Path, heads: int, hidden: int, ep: str) -> dict[str, dict]:
+def variants(path: pathlib.Path, heads: int, hidden: int, ep: str, wanted) -> dict[str, dict]:
     export = dmlopt.load(str(path))
     out = {"export": {"model": export, "seconds": 0.0}}
-    for name, (passes, options) in DMLOPT_PASSES.items():
+    for name, (passes, options) in DMLOPT_VARIANTS.items():
+        if name not in wanted:
+            continue
         t0 = time.perf_counter()
         result = dmlopt.optimize(export, passes=passes, target="dml", validate=False, **options)
         out[name] = {"model": result.model, "seconds": time.perf_counter() - t0}
     for model_type in ("vit", "sam2"):
-        out[f"ort {model_type}"] = ort_optimizer(path, model_type, heads, hidden, ep)
+        if f"ort {model_type}" in wanted:
+            out[f"ort {model_type}"] = ort_optimizer(path, model_type, heads, hidden, ep)
     return out
 
 
@@ -110,8 +120,9 @@ def ort_optimizer(path: pathlib.Path, model_type: str, heads: int, hidden: int, 
         return {"model": None, "seconds": time.perf_counter() - t0, "error": str(e).splitlines()[0][:80]}
 
 
-def measure(name: str, path: pathlib.Path, heads: int, hidden: int, ep: str, runs: int, warmup: int) -> str:
-    found = variants(path, heads, hidden, ep)
+def measure(name: str, path: pathlib.Path, heads: int, hidden: int, ep: str, runs: int, warmup: int,
+            wanted=ALL_VARIANTS) -> str:
+    found = variants(path, heads, hidden, ep, wanted)
     export = found["export"]["model"]
     timed = {}
     for variant, info in found.items():
@@ -164,11 +175,11 @@ def einsum_table(ep: str, runs: int, warmup: int) -> str:
                                   [helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q_shape))],
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                                   [numpy_helper.from_array(rel.astype(np.float32), "r")])
-        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
         models = {"Einsum": ir.from_proto(proto)}
         for layout in ("fewest-transposes", "largest-matmul"):
             model = ir.from_proto(proto)
-            EinsumPass(PassContext(target=ep, options={"einsum_layout": layout}))(model)
+            EinsumPass(PassContext(target=ep, options={"einsum": "lower", "einsum_layout": layout}))(model)
             models[layout] = model
         timing = bench.compare(models, ep, runs=runs, warmup=warmup, baseline="Einsum")
         for variant, model in models.items():
@@ -192,6 +203,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--no-einsum", action="store_true", help="skip the rel-pos Einsum table")
     parser.add_argument("--only-einsum", action="store_true", help="only the rel-pos Einsum table")
+    parser.add_argument("--variants", default=",".join(ALL_VARIANTS),
+                        help=f"comma-separated rows to make (default all: {', '.join(ALL_VARIANTS)})")
     args = parser.parse_args(argv)
     ep = runtime.resolve_ep(args.ep)
     if not args.no_einsum:
@@ -204,7 +217,8 @@ def main(argv=None) -> int:
         else:
             models = sam_models(pathlib.Path(tmp), medium=not args.no_medium, vit_b=args.vit_b)
         for name, (path, heads, hidden) in models.items():
-            print(measure(name, path, heads, hidden, ep, args.runs, args.warmup), end="\n\n", flush=True)
+            print(measure(name, path, heads, hidden, ep, args.runs, args.warmup, args.variants.split(",")),
+                  end="\n\n", flush=True)
     return 0
 
 

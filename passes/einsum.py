@@ -31,12 +31,17 @@ Declined with a reason: repeated labels inside one operand (diagonals), an ellip
 unknown rank, element types MatMul does not take; kept: equations the target runs itself
 (DirectML ORT <= 1.18: the pattern table of dmlopt.einsum_support, e.g. ``bij,bjk->bik``).
 
-Targets: for DirectML with a known ORT version the pass lowers what that version cannot run
-and, from 1.19, also the rest that MatMul expresses (DirectML's generic Einsum materializes
-the full product tensor); with no version, and for CUDA and the CPU, every equation MatMul
-expresses is lowered: ORT's own Einsum runs the same Transpose+MatMul steps internally, and
-the ``largest-matmul`` layout measured 1.5x faster than ORT's CPU Einsum on SAM ViT-B's
-``bhwc,wkc->bhwk`` (benchmarks/attention.py prints the per-model figures).
+Targets (option ``einsum``: lower | keep | auto; figures from benchmarks/attention.py on SAM
+ViT-B's rel-pos shapes):
+  - DirectML: ``lower``.  Before ORT 1.19 what is not in DirectML's table would run on the
+    CPU; from 1.19 (and with no version given) every form MatMul expresses is lowered too.
+  - CPU: ``lower``: a block's two rel-pos Einsums ran 2.6x (global) and 1.1x (windowed)
+    faster lowered than through ORT's CPU Einsum.
+  - CUDA: ``keep``: ORT's CUDA Einsum beat every MatMul form on an H200 (lowered: x0.5-0.8).
+  ``keep`` still lowers what the target cannot run (DirectML's table).  Layout default
+  ``largest-matmul``: on the H200 the transpose-free batch of vector products ran 5-11x
+  slower than Transposes around a GEMM (on the CPU 1.35x slower for global attention, 1.16x
+  faster for windows); ``fewest-transposes`` stays for tuning on the target.
 """
 
 from __future__ import annotations
@@ -488,6 +493,9 @@ class LowerEinsum(SiteRule):
             if owner:
                 owner.kept(node, f"{equation!r} is in DirectML's Einsum table for ORT {ort_version}")
             return self.decline(None, "supported by the target")
+        if owner and owner.option("einsum") == "keep" and _runs_it(target, equation, len(inputs), ort_version):
+            owner.kept(node, f"{equation!r}: the target runs Einsum itself (--einsum keep)")
+            return self.decline(None, "kept")
         try:
             self._job = self._plan(node, equation, inputs)
         except (Decline, EquationError) as e:
@@ -574,6 +582,13 @@ def _onnx_opset(node: ir.Node) -> int:
     return 17
 
 
+def _runs_it(target: str, equation: str, n_inputs: int, ort_version: str | None) -> bool:
+    """Whether the target's EP runs this Einsum on the device (CPU and CUDA run every form)."""
+    if target != "dml":
+        return True
+    return einsum_supported(equation, n_inputs, ort_version)
+
+
 def _older_than_generic(ort_version: str) -> bool:
     return parse_version(ort_version) < GENERIC_SINCE
 
@@ -585,9 +600,12 @@ class EinsumPass(DmlPass):
     summary = "lower Einsum to Reshape/Transpose/MatMul/ReduceSum (DirectML before ORT 1.19 ran few forms)"
     order = 40.0
     options = (
-        Option("einsum_layout", "auto", "layout of lowered Einsums: fewest Transposes, or a real GEMM "
-               "over a batch of vector products", choices=("auto", *LAYOUTS), tunable=True,
-               auto_default={"dml": "fewest-transposes", "cuda": "fewest-transposes", "cpu": "largest-matmul"}),
+        Option("einsum", "auto", "lower every Einsum MatMul can express, or keep those the target runs itself",
+               choices=("auto", "lower", "keep"), tunable=True,
+               auto_default={"dml": "lower", "cuda": "keep", "cpu": "lower"}),
+        Option("einsum_layout", "auto", "layout of lowered Einsums: a real GEMM with Transposes around it, or "
+               "no Transpose and a batch of vector products", choices=("auto", *LAYOUTS), tunable=True,
+               auto_default={"dml": "largest-matmul", "cuda": "largest-matmul", "cpu": "largest-matmul"}),
     )
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:

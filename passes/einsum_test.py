@@ -35,9 +35,10 @@ def einsum_model(equation, shapes, *, consts=(), dims=None, opset=17, dtype=Tens
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def lower(proto, target="cpu", ort_version=None, layout="fewest-transposes"):
+def lower(proto, target="cpu", ort_version=None, layout="fewest-transposes", mode="lower"):
     model = ir.from_proto(proto)
-    p = EinsumPass(PassContext(target=target, ort_version=ort_version, options={"einsum_layout": layout}))
+    options = {"einsum": mode, "einsum_layout": layout}
+    p = EinsumPass(PassContext(target=target, ort_version=ort_version, options=options))
     result = p(model)
     check_model(result.model, "einsum")
     return result, p
@@ -201,6 +202,16 @@ def test_other_targets_lower_every_expressible_form(target, version):
     proto = einsum_model("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)])
     result, _ = lower(proto, target=target, ort_version=version)
     assert computing_ops(result.model) == {"MatMul": 1}
+
+
+def test_keep_leaves_what_the_target_runs_and_still_lowers_what_it_cannot():
+    sam = einsum_model("bhwc,hkc->bhwk", SAM_SHAPES, consts=(1,))
+    result, p = lower(sam, target="cuda", mode="keep")
+    assert op_counts(result.model) == {"Einsum": 1} and p.sites[0].action == "kept"
+    result, _ = lower(sam, target="dml", ort_version="1.18", mode="keep")  # not in the table: lowered
+    assert computing_ops(result.model) == {"MatMul": 1}
+    result, _ = lower(sam, target="dml", ort_version="1.19", mode="keep")  # generic DirectML Einsum
+    assert op_counts(result.model) == {"Einsum": 1}
 
 
 def test_einsum_in_an_if_branch_is_lowered():
