@@ -251,6 +251,13 @@ def test_keep_and_old_directml_leave_attention_alone():
     assert op_counts(result.model)[MHA] == 1
 
 
+@pytest.mark.parametrize("target,fused", [("dml", True), ("cuda", True), ("cpu", False)])
+def test_auto_follows_the_target_default_when_run_alone(target, fused):
+    proto = hf_attention()
+    result, _ = fuse(proto, target=target, choice="auto")
+    assert (MHA in op_counts(result.model)) is fused
+
+
 def test_attention_in_an_if_branch_is_fused():
     body = hf_attention()
     then_graph = helper.make_graph(list(body.graph.node), "then", [], [helper.make_tensor_value_info(

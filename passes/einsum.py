@@ -493,7 +493,7 @@ class LowerEinsum(SiteRule):
             if owner:
                 owner.kept(node, f"{equation!r} is in DirectML's Einsum table for ORT {ort_version}")
             return self.decline(None, "supported by the target")
-        if owner and owner.option("einsum") == "keep" and _runs_it(target, equation, len(inputs), ort_version):
+        if owner and owner.choice("einsum") == "keep" and _runs_it(target, equation, len(inputs), ort_version):
             owner.kept(node, f"{equation!r}: the target runs Einsum itself (--einsum keep)")
             return self.decline(None, "kept")
         try:
@@ -533,8 +533,7 @@ class LowerEinsum(SiteRule):
         labels, out_labels, sizes, dropped, sources = self._job
         _correct_output_shape(out, [sizes[l] for l in out_labels])
         opset = _onnx_opset(node)
-        layout = self.owner.option("einsum_layout") if self.owner else LAYOUTS[0]
-        layout = layout if layout in LAYOUTS else LAYOUTS[0]
+        layout = self.owner.choice("einsum_layout") if self.owner else LAYOUTS[1]
         em = Emitter(op, opset, sizes, sources, node.graph, node.name or "einsum")
         operands = []
         for value, lab, drop in zip(node.inputs, labels, dropped):
@@ -607,6 +606,14 @@ class EinsumPass(DmlPass):
                "no Transpose and a batch of vector products", choices=("auto", *LAYOUTS), tunable=True,
                auto_default={"dml": "largest-matmul", "cuda": "largest-matmul", "cpu": "largest-matmul"}),
     )
+
+    def choice(self, name: str) -> str:
+        """The option's value; 'auto' left unresolved (the pass run on its own) is the target's default."""
+        value = self.option(name)
+        if value == "auto":
+            opt = next(o for o in self.options if o.name == name)
+            value = (opt.auto_default or {}).get(self.context.target, opt.choices[1])
+        return value
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         if not any(n.op_type == "Einsum" and n.domain in ("", "ai.onnx")

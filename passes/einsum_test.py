@@ -214,6 +214,21 @@ def test_keep_leaves_what_the_target_runs_and_still_lowers_what_it_cannot():
     assert op_counts(result.model) == {"Einsum": 1}
 
 
+@pytest.mark.parametrize("target,expected", [("dml", {"MatMul": 1, "Transpose": 2}), ("cuda", {"Einsum": 1})])
+def test_pipeline_defaults_per_target(target, expected):
+    """Through dmlopt.optimize, with the provider absent: auto -> the target's default (on the
+    CPU the pipeline times both choices instead, so that target is not asserted here)."""
+    import dmlopt
+    from dmlopt import runtime
+
+    if runtime.has_target(target):
+        pytest.skip(f"{target} is here: the pipeline times the choices instead of taking the default")
+    proto = onnx.shape_inference.infer_shapes(einsum_model("bhwc,wkc->bhwk", SAM_W_SHAPES, consts=(1,)))
+    result = dmlopt.optimize(proto, passes="einsum", target=target, tune=False)
+    assert computing_ops(result.model) == expected
+    assert result.passed
+
+
 def test_einsum_in_an_if_branch_is_lowered():
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal(SAM_SHAPES[1]).astype(np.float32), "w")
