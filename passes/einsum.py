@@ -114,16 +114,16 @@ def _merge_dim(label: str, old: Dim, new: Dim) -> Dim:
         return old
     if isinstance(old, int) and isinstance(new, int):
         if 1 in (old, new):
-            return old if new == 1 else new
+            return max(old, new)  # a 1 broadcasts
         raise Decline(f"label {label!r} has sizes {old} and {new}")
-    static = old if isinstance(old, int) else new
-    other = new if isinstance(old, int) else old
-    if static is not None and isinstance(static, int):
-        return static if static != 1 else other  # a static size wins; a 1 broadcasts
+    if isinstance(old, int) or isinstance(new, int):
+        static, other = (old, new) if isinstance(old, int) else (new, old)
+        return static if static != 1 else other  # a static size wins, unless it is a broadcast 1
     return old if old is not None else new  # symbolic names: assumed equal
 
 
-def expand_ellipsis(terms: Sequence[str], output: str, ranks: Sequence[int | None]) -> tuple[list[list[str]], list[str]]:
+def expand_ellipsis(terms: Sequence[str], output: str,
+                    ranks: Sequence[int | None]) -> tuple[list[list[str]], list[str]]:
     """Replace '.' by fresh labels, one per dimension, right-aligned across operands."""
     used = {c for t in terms for c in t if c != "."}
     widths = []
