@@ -19,6 +19,7 @@ _MODULES = [
     "fp16",
     "einsum",
     "transpose",
+    "attention",
     "linear_gemm",
     "copies",
 ]
