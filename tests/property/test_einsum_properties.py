@@ -1,5 +1,6 @@
 """einsum: lowering any Einsum equation to Transpose/Reshape/MatMul/ReduceSum keeps numerics,
-for both layouts and every target/ORT version (or the equation is declined/kept)."""
+for both layouts, every --einsum choice (keep: only what the target runs itself is kept) and
+every target/ORT version; or the equation is declined/kept."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from hypothesis import given
 
 from tests.property.harness import PROPERTY_SETTINGS, Outcomes, run_case
 from tests.property.strategies import einsum_cases
+
+RUNS = (("lower", "fewest-transposes"), ("lower", "largest-matmul"), ("auto", "auto"), ("keep", "auto"))
 
 
 def test_einsum_lowering_keeps_numerics():
@@ -17,9 +20,9 @@ def test_einsum_lowering_keeps_numerics():
     def prop(case):
         if "einsum-constant-to-scalar" in case.tags:
             return  # test_regressions.py::test_einsum_full_reduction_of_a_constant_is_a_scalar
-        for layout in ("fewest-transposes", "largest-matmul"):
-            outcomes[(layout, run_case(case, "einsum", einsum_layout=layout))] += 1
+        for choice, layout in RUNS:
+            outcomes[(choice, layout, run_case(case, "einsum", einsum=choice, einsum_layout=layout))] += 1
 
     prop()
-    outcomes.require(150, of=("fewest-transposes", "rewrote"))
-    outcomes.require(150, of=("largest-matmul", "rewrote"))
+    outcomes.require(150, of=("lower", "fewest-transposes", "rewrote"))
+    outcomes.require(150, of=("lower", "largest-matmul", "rewrote"))
