@@ -214,17 +214,7 @@ def _const_ints(value: ir.Value | None) -> list[int] | None:
     return [int(v) for v in value.const_value.numpy().reshape(-1)]
 
 
-def _opset(node: ir.Node) -> int:
-    graph = node.graph
-    while graph is not None:
-        if "" in graph.opset_imports:
-            return graph.opset_imports[""]
-        parent = getattr(graph, "parent", None)
-        graph = parent.graph if parent is not None else None
-    return 17
-
-
-def step(node: ir.Node, view: View, output_index: int = 0) -> View:
+def step(node: ir.Node, view: View, output_index: int = 0, opset: int = 17) -> View:
     """The view of `node`'s output given the view of its first input (a layout op)."""
     op_type = node.op_type
     in_shape = view.shape
@@ -269,7 +259,7 @@ def step(node: ir.Node, view: View, output_index: int = 0) -> View:
     if op_type == "Slice":
         if out_shape is None:
             raise NotAView("Slice output not static")
-        if _opset(node) < 10:
+        if opset < 10:
             starts = list(node.attributes.get_ints("starts"))
             axes = list(node.attributes.get_ints("axes", range(len(starts))))
             steps = [1] * len(starts)
@@ -292,7 +282,8 @@ def step(node: ir.Node, view: View, output_index: int = 0) -> View:
     raise NotAView(f"{op_type} is not a layout op")
 
 
-def trace(value: ir.Value, *, through_scale: bool = False, stop=None) -> tuple[ir.Value, View, float]:
+def trace(value: ir.Value, *, through_scale: bool = False, stop=None,
+          opset: int = 17) -> tuple[ir.Value, View, float]:
     """Walk up layout ops (and, with `through_scale`, Mul/Div by a scalar constant) from `value`.
 
     Returns (base, view of `value` over the base, accumulated scalar factor).  `stop(value)`
@@ -323,7 +314,7 @@ def trace(value: ir.Value, *, through_scale: bool = False, stop=None) -> tuple[i
         raise NotAView("base shape not static")
     view = View.contiguous(shape)
     for node, index in reversed(chain):
-        view = step(node, view, index)
+        view = step(node, view, index, opset)
     return current, view, scale
 
 
@@ -359,7 +350,8 @@ class CollapseLayoutChain(SiteRule):
         if static_shape(out) is None:
             return self.decline(None, "shape not static")
         try:
-            base, view, _ = trace(out, stop=_not_reshape_or_transpose_output)
+            base, view, _ = trace(out, stop=_not_reshape_or_transpose_output,
+                                  opset=context.model.opset_imports.get("", 17))
         except NotAView as e:
             return self.decline(None, str(e))
         nodes = self._chain(out, base)

@@ -115,7 +115,7 @@ def _softmax_behind(probs: ir.Value) -> ir.Node | None:
     return node
 
 
-def plan_attention(softmax: ir.Node, pv: ir.Node) -> Plan:
+def plan_attention(softmax: ir.Node, pv: ir.Node, opset: int) -> Plan:
     """Check one Softmax -> MatMul(P, V) site; return how to fuse it or raise Decline."""
     for value in {softmax.outputs[0], pv.inputs[0]}:
         if len(value.uses()) != 1 or value.is_graph_output():
@@ -123,7 +123,6 @@ def plan_attention(softmax: ir.Node, pv: ir.Node) -> Plan:
     in_shape = static_shape(softmax.inputs[0])
     if in_shape is None or static_shape(pv.outputs[0]) is None:
         raise Decline("shapes are not static (freeze the dims first, e.g. --dim batch=1)")
-    opset = _opset(softmax)
     axis = softmax.attributes.get_int("axis", -1 if opset >= 13 else 1) % len(in_shape)
     if axis != len(in_shape) - 1:
         raise Decline("Softmax is not over the last axis")
@@ -148,9 +147,9 @@ def plan_attention(softmax: ir.Node, pv: ir.Node) -> Plan:
     if q_value.dtype not in FLOAT_TYPES:
         raise Decline(f"element type {q_value.dtype} (MultiHeadAttention takes float and float16)")
     try:
-        q_base, q_view, q_scale = trace(q_value, through_scale=True)
-        k_base, k_view, k_scale = trace(k_value, through_scale=True)
-        v_base, v_view, _ = trace(v_value)
+        q_base, q_view, q_scale = trace(q_value, through_scale=True, opset=opset)
+        k_base, k_view, k_scale = trace(k_value, through_scale=True, opset=opset)
+        v_base, v_view, _ = trace(v_value, opset=opset)
     except NotAView as e:
         raise Decline(f"heads layout: {e}") from e
     if not k_plain:
@@ -189,16 +188,6 @@ def _head_value(operand: ir.Value, head_shape: list[int], transposed: bool) -> i
             return None
         value = node.inputs[0]
     return value if static_shape(value) == head_shape else None
-
-
-def _opset(node: ir.Node) -> int:
-    graph = node.graph
-    while graph is not None:
-        if "" in graph.opset_imports:
-            return graph.opset_imports[""]
-        parent = getattr(graph, "parent", None)
-        graph = parent.graph if parent is not None else None
-    return 17
 
 
 def _is_scores(node: ir.Node | None) -> bool:
@@ -405,7 +394,7 @@ class FuseAttention(SiteRule):
         if softmax is None:
             return self.decline(None, "not attention")
         try:
-            self._plan = plan_attention(softmax, pv)
+            self._plan = plan_attention(softmax, pv, context.model.opset_imports.get("", 17))
         except Decline as e:
             return self.decline(pv, str(e))
         return pattern.MatchResult()

@@ -312,7 +312,7 @@ class Emitter:
         if x.value is None:
             assert x.const is not None
             name = unique_initializer_name(self.graph, f"{self.name}_folded", self._taken)
-            x.value = self.op.initializer(ir.tensor(np.ascontiguousarray(x.const)), name=name)
+            x.value = self.op.initializer(ir.tensor(np.array(x.const, order="C")), name=name)
         return x.value
 
     def reduce_sum(self, x: Operand, labels: Sequence[str]) -> Operand:
@@ -321,7 +321,7 @@ class Emitter:
             return x
         rest = [l for l in x.labels if l not in labels]
         if x.const is not None:
-            return Operand(rest, np.sum(x.const, axis=tuple(axes)).astype(x.const.dtype))
+            return Operand(rest, np.asarray(np.sum(x.const, axis=tuple(axes)), dtype=x.const.dtype))
         if self.opset >= 13:
             value = self.op.ReduceSum(x.value, self.ints(axes), keepdims=0)
         else:
@@ -500,6 +500,8 @@ class LowerEinsum(SiteRule):
             self._job = self._plan(node, equation, inputs)
         except (Decline, EquationError) as e:
             return self.decline(node, f"{equation!r}: {e}")
+        # The model's opset: a subgraph (If/Loop body) usually declares none of its own.
+        self._opset = context.model.opset_imports.get("", 17)
         return pattern.MatchResult()
 
     def _plan(self, node: ir.Node, equation: str, inputs: list[ir.Value]):
@@ -532,7 +534,7 @@ class LowerEinsum(SiteRule):
         node = out.producer()
         labels, out_labels, sizes, dropped, sources = self._job
         _correct_output_shape(out, [sizes[l] for l in out_labels])
-        opset = _onnx_opset(node)
+        opset = self._opset
         layout = self.owner.choice("einsum_layout") if self.owner else LAYOUTS[1]
         em = Emitter(op, opset, sizes, sources, node.graph, node.name or "einsum")
         operands = []
@@ -568,17 +570,6 @@ def _correct_output_shape(out: ir.Value, dims: list[Dim]) -> None:
     if any(isinstance(old, int) and old != new and (isinstance(new, int) or old == 1)
            for old, new in zip(out.shape.dims, dims)):
         out.shape = ir.Shape([d if isinstance(d, int) else ir.SymbolicDim(d) for d in dims])
-
-
-def _onnx_opset(node: ir.Node) -> int:
-    graph = node.graph
-    while graph is not None:
-        version = graph.opset_imports.get("")
-        if version is not None:
-            return version
-        parent = getattr(graph, "parent", None)
-        graph = parent.graph if parent is not None else None
-    return 17
 
 
 def _runs_it(target: str, equation: str, n_inputs: int, ort_version: str | None) -> bool:

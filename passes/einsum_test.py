@@ -128,6 +128,15 @@ def test_one_operand_transposes_and_reductions(equation, shape, ops):
     assert_same(proto, result.model, feeds_for([shape]))
 
 
+def test_full_reduction_of_a_constant_stays_a_scalar():
+    proto = einsum_model("ab->", [(2, 3)], consts=(0,))
+    result, _ = lower(proto)  # check_model (strict shape inference) inside
+    (output,) = result.model.graph.outputs  # folded: the output is now a constant
+    assert output.const_value is not None and output.const_value.numpy().shape == ()
+    np.testing.assert_allclose(run(result.model, {})["y"], numpy_helper.to_array(proto.graph.initializer[0]).sum(),
+                               rtol=1e-6)
+
+
 def test_opset_12_uses_the_axes_attribute():
     proto = einsum_model("ijk->ki", [(2, 3, 4)], opset=12)
     result, _ = lower(proto)

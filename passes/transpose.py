@@ -107,6 +107,7 @@ def _scalar_like(value: ir.Value, rank: int) -> bool:
 
 
 def _opset(context) -> int:
+    """The model's ONNX opset (an If/Loop body usually declares none of its own)."""
     return context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 17))
 
 
@@ -238,7 +239,7 @@ class FoldConstantTranspose(_TransposeRule):
     def rewrite(self, op, x, out, **_):
         node = out.producer()
         perm = perm_of(node) or list(reversed(range(_constant(x).ndim)))
-        folded = np.ascontiguousarray(np.transpose(_constant(x), perm))
+        folded = np.array(np.transpose(_constant(x), perm), order="C")
         self.accepted(node, f"folded into a {list(folded.shape)} constant")
         return op.initializer(ir.tensor(folded), name=_new_initializer_name(node.graph, x.name))
 
@@ -355,7 +356,7 @@ class SinkTranspose(_TransposeRule):
         return make(t, _allow_other_inputs=True, _outputs=["out"])
 
     def check(self, context, x, t, out, other=None, **_):
-        opset = self.opset(context)
+        opset = self._opset = self.opset(context)
         node = out.producer()
         perm = perm_of(t.producer())
         if perm is None or not _single_use(t):
@@ -392,7 +393,7 @@ class SinkTranspose(_TransposeRule):
     def rewrite(self, op, x, t, out, other=None, **_):
         node = out.producer()
         self._graph = node.graph
-        opset = _opset_of(node)
+        opset = self._opset
         attrs = {k: v.value for k, v in node.attributes.items()}
         make = getattr(op, self.op_type)
         if self.kind == "binary":
@@ -421,7 +422,7 @@ class SinkTranspose(_TransposeRule):
         if _is_transpose(other) is None and not _scalar_like(other, len(self._perm)) and _constant(other) is not None:
             const = _constant(other)
             full = const.reshape((1,) * (len(self._perm) - const.ndim) + const.shape)
-            folded = np.ascontiguousarray(np.transpose(full, inverse(self._perm)))
+            folded = np.array(np.transpose(full, inverse(self._perm)), order="C")
             return op.initializer(ir.tensor(folded), name=_new_initializer_name(self._graph, other.name))
         return other
 
@@ -433,16 +434,6 @@ def _new_initializer_name(graph: ir.Graph, base: str | None) -> str:
         if f"{base}{i}" not in graph.initializers:
             return f"{base}{i}"
     raise AssertionError("unreachable")
-
-
-def _opset_of(node: ir.Node) -> int:
-    graph = node.graph
-    while graph is not None:
-        if "" in graph.opset_imports:
-            return graph.opset_imports[""]
-        parent = getattr(graph, "parent", None)
-        graph = parent.graph if parent is not None else None
-    return 17
 
 
 def transpose_count(model: ir.Model) -> int:

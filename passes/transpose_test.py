@@ -326,6 +326,23 @@ def test_chain_that_moves_data_is_kept():
     assert ops(result.model) == ["Reshape", "Transpose", "Reshape"]
 
 
+def test_sinking_in_a_branch_uses_the_models_opset():
+    """An opset-11 model: the If body declares no opset; ReduceSum keeps its axes attribute."""
+    proto = parse("""g (bool c, float[2,3] x) => (float[2] y) {
+        y = If (c) <then_branch = t () => (float[2] a) {
+                r = Relu(x)
+                tr = Transpose <perm = [1, 0]> (r)
+                a = ReduceSum <axes = [0], keepdims = 0> (tr)
+            }, else_branch = e () => (float[2] b) {
+                b = ReduceSum <axes = [1], keepdims = 0> (x)
+            }>
+    }""", opset=11)
+    result, _ = optimize(proto)
+    assert transpose_count(result.model) == 0
+    feeds = {"c": np.array(True), "x": RNG.standard_normal((2, 3)).astype(np.float32)}
+    assert_same(proto, result.model, feeds)
+
+
 # ** the count guarantee **
 
 class _AddTransposePair(SiteRule):
