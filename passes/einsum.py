@@ -38,7 +38,8 @@ ViT-B's rel-pos shapes):
   - CPU: ``lower``: a block's two rel-pos Einsums ran 2.6x (global) and 1.1x (windowed)
     faster lowered than through ORT's CPU Einsum.
   - CUDA: ``keep``: ORT's CUDA Einsum beat every MatMul form on an H200 (lowered: x0.5-0.8).
-  ``keep`` still lowers what the target cannot run (DirectML's table).  Layout default
+  ``keep`` leaves every Einsum (the report says which ones the target runs on the CPU).
+  Layout default
   ``largest-matmul``: on the H200 the transpose-free batch of vector products ran 5-11x
   slower than Transposes around a GEMM (on the CPU 1.35x slower for global attention, 1.16x
   faster for windows); ``fewest-transposes`` stays for tuning on the target.
@@ -493,8 +494,10 @@ class LowerEinsum(SiteRule):
             if owner:
                 owner.kept(node, f"{equation!r} is in DirectML's Einsum table for ORT {ort_version}")
             return self.decline(None, "supported by the target")
-        if owner and owner.choice("einsum") == "keep" and _runs_it(target, equation, len(inputs), ort_version):
-            owner.kept(node, f"{equation!r}: the target runs Einsum itself (--einsum keep)")
+        if owner and owner.choice("einsum") == "keep":
+            owner.kept(node, f"{equation!r}: --einsum keep" + (
+                "" if _runs_it(target, equation, len(inputs), ort_version) else
+                " (the target runs this form on the CPU)"))
             return self.decline(None, "kept")
         try:
             self._job = self._plan(node, equation, inputs)
@@ -590,7 +593,8 @@ class EinsumPass(DmlPass):
     summary = "lower Einsum to Reshape/Transpose/MatMul/ReduceSum (DirectML before ORT 1.19 ran few forms)"
     order = 40.0
     options = (
-        Option("einsum", "auto", "lower every Einsum MatMul can express, or keep those the target runs itself",
+        Option("einsum", "auto", "lower the Einsums MatMul can express (for DirectML before ORT 1.19: those "
+               "outside its table), or keep them all",
                choices=("auto", "lower", "keep"), tunable=True,
                auto_default={"dml": "lower", "cuda": "keep", "cpu": "lower"}),
         Option("einsum_layout", "auto", "layout of lowered Einsums: a real GEMM with Transposes around it, or "
