@@ -35,14 +35,14 @@ Targets (option ``einsum``: lower | keep | auto; figures from benchmarks/attenti
 ViT-B's rel-pos shapes):
   - DirectML: ``lower``.  Before ORT 1.19 what is not in DirectML's table would run on the
     CPU; from 1.19 (and with no version given) every form MatMul expresses is lowered too.
-  - CPU: ``lower``: a block's two rel-pos Einsums ran 2.6x (global) and 1.1x (windowed)
-    faster lowered than through ORT's CPU Einsum.
+  - CPU: ``lower``: a block's two rel-pos Einsums ran 1.3-2.6x (global) and 0.9-1.1x
+    (windowed) as fast lowered as through ORT's CPU Einsum (2 shared cores, two runs).
   - CUDA: ``keep``: ORT's CUDA Einsum beat every MatMul form on an H200 (lowered: x0.5-0.8).
   ``keep`` leaves every Einsum (the report says which ones the target runs on the CPU).
   Layout default
   ``largest-matmul``: on the H200 the transpose-free batch of vector products ran 5-11x
-  slower than Transposes around a GEMM (on the CPU 1.35x slower for global attention, 1.16x
-  faster for windows); ``fewest-transposes`` stays for tuning on the target.
+  slower than Transposes around a GEMM (on the CPU the two were within noise);
+  ``fewest-transposes`` stays for tuning on the target.
 """
 
 from __future__ import annotations
