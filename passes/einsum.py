@@ -39,9 +39,8 @@ ViT-B's rel-pos shapes):
     (windowed) as fast lowered as through ORT's CPU Einsum (2 shared cores, two runs).
   - CUDA: ``keep``: ORT's CUDA Einsum beat every MatMul form on an H200 (lowered: x0.5-0.8).
   ``keep`` leaves every Einsum (the report says which ones the target runs on the CPU).
-  Layout default
-  ``largest-matmul``: on the H200 the transpose-free batch of vector products ran 5-11x
-  slower than Transposes around a GEMM (on the CPU the two were within noise);
+  Layout default ``largest-matmul``: on the H200 the transpose-free batch of vector products
+  ran 5-11x slower than Transposes around a GEMM (on the CPU the two were within noise);
   ``fewest-transposes`` stays for tuning on the target.
 """
 
