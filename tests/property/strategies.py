@@ -634,14 +634,12 @@ def einsum_cases(draw):
     if all(i.startswith("c") for i in inputs):
         y = b.op("Add", [y, b.op("ReduceSum", [b.input([1])], keepdims=1)])  # a graph input to feed
     model = finish_or_reject(b, [y])
-    to_scalar = not out and not implicit  # (with an ellipsis only when the operand has no batch dims)
-    tags = {"einsum-constant-to-scalar"} if n_ops == 1 and inputs[0].startswith("c") and to_scalar else set()
     target = draw(st.sampled_from(["dml", "dml", "cuda", "cpu"]))
     ort_version = draw(st.sampled_from([None, "1.14", "1.18", "1.19", "1.23"])) if target == "dml" else None
     options: dict[str, Any] = {"target": target, "ort_version": ort_version}
     if dims:
         options["dims"] = dims
-    return Case(model, options, feeds, f"{equation} sizes={sizes} {target} {ort_version}", tags)
+    return Case(model, options, feeds, f"{equation} sizes={sizes} {target} {ort_version}")
 
 
 # -- Transposes around MatMul / Softmax / elementwise / reductions (transpose) -------------------
@@ -713,8 +711,7 @@ def transpose_cases(draw):
 
     y = embed(b, x, pattern, where, feeds)
     model = finish_or_reject(b, [y])
-    tags = {"reduce-in-body-before-opset-13"} if where != "main" and b.opset < 13 and "reduce" in steps else set()
-    return Case(model, {}, feeds, f"{shape} {steps} opset={b.opset} {where}", tags)
+    return Case(model, {}, feeds, f"{shape} {steps} opset={b.opset} {where}")
 
 
 # -- scaled dot-product attention (attention) -----------------------------------------------------

@@ -18,8 +18,6 @@ def test_einsum_lowering_keeps_numerics():
     @PROPERTY_SETTINGS
     @given(case=einsum_cases())
     def prop(case):
-        if "einsum-constant-to-scalar" in case.tags:
-            return  # test_regressions.py::test_einsum_full_reduction_of_a_constant_is_a_scalar
         for choice, layout in RUNS:
             outcomes[(choice, layout, run_case(case, "einsum", einsum=choice, einsum_layout=layout))] += 1
 

@@ -1,7 +1,8 @@
-"""Failures the property tests found, one named test each (strict xfail until the pass is fixed).
+"""Failures the property tests found, one named test each, kept after the fix.
 
-Each builds the smallest model that shows the bug and states what must hold; when the
-pass is fixed the xfail turns into an XPASS failure (strict), and the marker is removed.
+Each builds the smallest model that showed the bug and states what must hold.  A new
+failure lands here first as a strict xfail; the fix turns it into an XPASS failure and
+the marker is removed.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ def _conv_leaky_in_loop(alpha: float):
     return finish(b, [y])
 
 
-@pytest.mark.xfail(strict=True, reason="leaky-relu: conv-split/channel-fold in a Loop body drop the Loop's empty "
-                                       "optional cond input (Loop(M, '') -> Loop(M)): invalid model")
 @pytest.mark.parametrize("strategy", ["conv-split", "channel-fold"])
 def test_leaky_relu_in_loop_body_keeps_the_loops_empty_cond_input(strategy):
     model = _conv_leaky_in_loop(alpha=0.3)
@@ -34,8 +33,6 @@ def test_leaky_relu_in_loop_body_keeps_the_loops_empty_cond_input(strategy):
     assert len(loop.inputs) == 2 and loop.inputs[1] is None
 
 
-@pytest.mark.xfail(strict=True, reason="einsum: a one-operand full reduction of a constant ('ab->') is folded into "
-                                       "a [1] tensor instead of a scalar: strict shape inference rejects the model")
 @pytest.mark.parametrize("layout", ["fewest-transposes", "largest-matmul"])
 def test_einsum_full_reduction_of_a_constant_is_a_scalar(layout):
     b = Builder(0)
@@ -46,8 +43,6 @@ def test_einsum_full_reduction_of_a_constant_is_a_scalar(layout):
     assert result.report.passes[0]["op_counts_after"].get("Einsum", 0) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="transpose: in an If branch of an opset-11 model, sinking a Transpose through "
-                                       "ReduceSum writes the opset-13 form (axes as an input): invalid model")
 def test_transpose_sunk_through_reducesum_in_if_branch_keeps_the_models_opset():
     b = Builder(0)
     b.opset = 11

@@ -21,8 +21,6 @@ def test_transpose_pass_keeps_numerics():
     @PROPERTY_SETTINGS
     @given(case=transpose_cases())
     def prop(case):
-        if "reduce-in-body-before-opset-13" in case.tags:
-            return  # test_regressions.py::test_transpose_sunk_through_reducesum_in_if_branch_keeps_the_models_opset
         run_case(case, "transpose", outcomes, then=no_more_transposes)
 
     prop()
