@@ -31,6 +31,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
+from dmlopt.passes._shared import ReshapeNoOp, is_static
 from dmlopt.passes.freeze_shapes import infer_shapes
 
 GEMM_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
@@ -86,7 +87,7 @@ class LinearToGemm(SiteRule):
         weight, bias, out = _const(w), _const(b), context.output_values[0]
         if weight is None or weight.ndim != 2 or bias is None:
             return pattern.MatchResult().fail("weight not a 2-D constant or bias not a constant")
-        if a.dtype not in GEMM_TYPES or not _is_static(a) or not _is_static(out) or len(a.shape) < 2:
+        if a.dtype not in GEMM_TYPES or not is_static(a) or not is_static(out) or len(a.shape) < 2:
             return pattern.MatchResult().fail("input not static, or not a Gemm type")
         if bias.size != weight.shape[1] or bias.ndim > 2 or (bias.ndim == 2 and bias.shape[0] != 1):
             return pattern.MatchResult().fail("bias is not one value per output column")
@@ -136,7 +137,7 @@ def mlps_to_gemm(owner: DmlPass, model: ir.Model) -> int:
                 continue
             matmul1, a, w1, b1 = first
             start = add1.outputs[0]
-            if not _is_static(a) or len(a.shape) < 3 or a.dtype not in GEMM_TYPES:
+            if not is_static(a) or len(a.shape) < 3 or a.dtype not in GEMM_TYPES:
                 continue
             region = _elementwise_region(start)
             if region is None:
@@ -146,7 +147,7 @@ def mlps_to_gemm(owner: DmlPass, model: ir.Model) -> int:
             if second is None:
                 continue
             matmul2, add2, w2, b2 = second
-            if not _is_static(add2.outputs[0]):
+            if not is_static(add2.outputs[0]):
                 continue
             rows = int(np.prod(a.shape.dims[:-1], dtype=np.int64))
             out_dims = list(add2.outputs[0].shape.dims)
@@ -266,26 +267,6 @@ def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
                      type=ir.TensorType(ir.DataType.INT64))
     graph.register_initializer(value)
     return value
-
-
-class ReshapeNoOp(SiteRule):
-    """``Reshape(x, s)`` -> x when the static shapes show it keeps x's shape."""
-
-    def pattern(self, op, x, shape):
-        return op.Reshape(x, shape, _allow_other_attributes=True)
-
-    def check(self, context, x, shape, **_):
-        out = context.output_values[0]
-        if not (_is_static(x) and _is_static(out)) or x.shape.dims != out.shape.dims:
-            return pattern.MatchResult().fail("shape changes or is not static")
-        return pattern.MatchResult()
-
-    def rewrite(self, op, x, shape, **_):
-        return op.Identity(x)
-
-
-def _is_static(value: ir.Value | None) -> bool:
-    return value is not None and value.shape is not None and all(isinstance(d, int) for d in value.shape.dims)
 
 
 def _const(value: ir.Value | None) -> np.ndarray | None:
