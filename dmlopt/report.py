@@ -67,11 +67,18 @@ class Report:
     def add_pass(self, p, *, before: dict[str, int], after: dict[str, int], modified: bool, seconds: float) -> None:
         delta = {op: after.get(op, 0) - before.get(op, 0) for op in sorted(set(before) | set(after))
                  if after.get(op, 0) != before.get(op, 0)}
+        chosen = [_choice_summary(c) for c in self.choices if c["pass"] == p.name]
+        sites = []
+        for site in p.sites:
+            entry = site.to_dict()
+            if chosen and site.action in ("rewrote", "kept"):
+                entry["chosen_by"] = chosen  # the strategy of this site and the timings behind it
+            sites.append(entry)
         self.passes.append({
             "name": p.name, "modified": bool(modified), "seconds": round(seconds, 4),
             "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
             "op_counts_before": before, "op_counts_after": after, "op_delta": delta,
-            "sites": [s.to_dict() for s in p.sites], "notes": list(p.notes),
+            "sites": sites, "notes": list(p.notes),
         })
 
     def add_choice(self, pass_name: str, option: str, choice: str, record: dict[str, Any]) -> None:
@@ -121,6 +128,13 @@ class Report:
             parts.append(f"latency on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms "
                          f"(x{t['speedup']:.2f})")
         return "\n\n".join(parts)
+
+
+def _choice_summary(choice: dict[str, Any]) -> dict[str, Any]:
+    """What a site needs to know of the option resolved for its pass: the choice, how it was
+    made, and each candidate's median latency (the choice is per model, applied to every site)."""
+    return {"option": choice["option"], "choice": choice["choice"], "how": choice.get("how", ""),
+            "median_ms": {str(c): m.get("median_ms") for c, m in (choice.get("candidates") or {}).items()}}
 
 
 def _validation_table(v: dict[str, Any]) -> str:
