@@ -292,13 +292,17 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
 
 
 def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | None = None,
-         protect: tuple[str | os.PathLike, ...] = ()) -> pathlib.Path:
+         protect: tuple[str | os.PathLike, ...] = (), value_info: bool = False) -> pathlib.Path:
     """Write `model` to `path` atomically; weights go to `<name>.data` when large.
 
     `protect` names files that must not be overwritten (the input model and its data).
-    Returns the path written.
+    `value_info=False` leaves out the shapes of intermediate values: ONNX Runtime infers them
+    again at session creation, and reading them back made it slower (onnxsim leaves them out
+    too).  The caller's model keeps them.  Returns the path written.
     """
     model = load(model)
+    if not value_info:
+        model = without_value_info(model)
     dest = pathlib.Path(path)
     data_name = dest.name + ".data"
     guarded = {_real(p) for p in protect}
@@ -339,6 +343,20 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
         if data_moved and not written:  # interrupted between the two renames: no data without its model
             (parent / data_name).unlink(missing_ok=True)
     return dest
+
+
+def without_value_info(model: ir.Model) -> ir.Model:
+    """A copy (tensors shared) whose intermediate values and initializers carry no separate
+    type or shape (an initializer's tensor has its own)."""
+    copy = model.clone()
+    for graph in copy.graphs():
+        boundary = {id(v) for v in (*graph.inputs, *graph.outputs)}
+        values = [v for node in graph for v in node.outputs] + list(graph.initializers.values())
+        for value in values:
+            if id(value) not in boundary:
+                value.type = None
+                value.shape = None
+    return copy
 
 
 def external_data_files(path: str | os.PathLike) -> list[pathlib.Path]:

@@ -112,3 +112,18 @@ def test_save_failure_leaves_no_partial_file(tmp_path, model_path, monkeypatch):
     with pytest.raises(OutputError, match="No space left"):
         dmlopt.save(model, tmp_path / "out.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+def test_save_leaves_out_intermediate_shapes_but_keeps_the_callers(tmp_path):
+    """ORT infers intermediate shapes at session creation; stored ones only slow loading."""
+    result = dmlopt.optimize(conv_leaky_model(batch=1), passes=["cleanup"], retime=False)
+    conv_out = next(iter(result.model.graph)).outputs[0]
+    assert conv_out.shape is not None  # shape inference filled it in memory
+    dmlopt.save(result.model, tmp_path / "lean.onnx")
+    dmlopt.save(result.model, tmp_path / "full.onnx", value_info=True)
+    lean, full = onnx.load(tmp_path / "lean.onnx"), onnx.load(tmp_path / "full.onnx")
+    assert conv_out.name in {v.name for v in full.graph.value_info}
+    assert conv_out.name not in {v.name for v in lean.graph.value_info}
+    assert [i.name for i in lean.graph.input] == ["x"] and lean.graph.output[0].type == full.graph.output[0].type
+    assert conv_out.shape is not None  # the caller's model is unchanged
+    assert dmlopt.validate(tmp_path / "full.onnx", tmp_path / "lean.onnx").passed
