@@ -38,7 +38,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from dmlopt.einsum_support import einsum_supported, parse_version
-from dmlopt.model import initializer_bytes
+from dmlopt.shape_inference import infer_shapes
 
 __all__ = ["Placement", "available_versions", "einsum_supported", "load_data", "predict", "summary_table"]
 
@@ -279,18 +279,11 @@ def memory_slots(node: ir.Node, data: DmlData, opsets: dict[str, int]) -> tuple[
 
 
 def _with_shapes(model: ir.Model) -> ir.Model:
-    """`model` (changed in place and returned) with ONNX shape inference, data propagation on."""
-    try:
-        if initializer_bytes(model) < 1_500_000_000:
-            proto = ir.to_proto(model)
-            inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-            return ir.from_proto(inferred)
-    except Exception:  # noqa: BLE001 - shape inference is best effort (contrib ops, odd models)
-        pass
-    try:
-        return common_passes.ShapeInferencePass()(model).model
-    except Exception:  # noqa: BLE001
-        return model
+    """`model` (changed in place and returned) with ONNX shape inference, data propagation on.
+
+    Best effort (contrib ops, odd models); the weights are not serialized (dmlopt.shape_inference)."""
+    infer_shapes(model)
+    return model
 
 
 def _ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Model, int]:
@@ -338,7 +331,7 @@ def _fold_node(node: ir.Node) -> list[np.ndarray] | None:
         return [shape[start:end] if end is not None else shape[start:]]
     if not inputs or any(v is not None and v.is_graph_input() for v in inputs):
         return None
-    tensors = {v.name: ir.convenience.get_const_tensor(v) for v in inputs if v is not None}
+    tensors = {v.name: _const_tensor(v) for v in inputs if v is not None}
     if any(t is None for t in tensors.values()):
         return None
     feeds = {name: t.numpy() for name, t in tensors.items()}
@@ -350,6 +343,16 @@ def _fold_node(node: ir.Node) -> list[np.ndarray] | None:
     except Exception:  # noqa: BLE001 - an op the reference runtime cannot evaluate stays in the graph
         return None
     return [np.asarray(o) for o in outputs]
+
+
+def _const_tensor(value: ir.Value) -> ir.TensorProtocol | None:
+    """ir.convenience.get_const_tensor without naming a Constant's tensor: the work copy shares it with the
+    caller's model (clone does not copy tensors), which predict leaves unchanged."""
+    producer = value.producer()
+    if value.const_value is None and producer is not None and producer.op_type == "Constant" \
+            and _domain(producer.domain) == "" and "value" in producer.attributes:
+        return producer.attributes["value"].as_tensor()
+    return ir.convenience.get_const_tensor(value)
 
 
 def graph_attributes(node: ir.Node) -> list[tuple[str, ir.Graph]]:

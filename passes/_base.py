@@ -9,10 +9,12 @@ declined with a reason, so the report can say what changed and why not.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 
@@ -140,7 +142,42 @@ class SiteRule(pattern.RewriteRuleClassBase):
 def apply_rules(model: ir.Model, rules: Sequence[pattern.RewriteRule]) -> int:
     """Apply rewrite rules to the model (main graph, subgraphs, functions); count rewrites."""
     rule_set = pattern.RewriteRuleSet(list(rules))
-    return rule_set.apply_to_model(model)
+    with empty_inputs_kept(model):  # a rule with remove_nodes=False makes it end with RemoveUnusedNodesPass
+        return rule_set.apply_to_model(model)
+
+
+def remove_unused_nodes(model: ir.Model) -> bool:
+    """onnx_ir's RemoveUnusedNodesPass without its trimming of empty inputs (`empty_inputs_kept`)."""
+    with empty_inputs_kept(model):
+        return common_passes.RemoveUnusedNodesPass()(model).modified
+
+
+@contextlib.contextmanager
+def empty_inputs_kept(model: ir.Model) -> Iterator[None]:
+    """Give back the empty trailing inputs that onnx_ir's dead-code removal cuts off the nodes it keeps.
+
+    RemoveUnusedNodesPass (onnx_ir 1.1; the onnxscript rewriter runs it after a rule set in which
+    a rule has ``remove_nodes=False``) drops each kept node's trailing None inputs, in every graph.
+    For most ops that is only a respelling, but where optional inputs come before a variadic one
+    the checker counts them: ``Loop(M, "")`` without loop-carried values becomes ``Loop(M)``,
+    which it rejects.  Only cut-off inputs that were all None are put back, so nothing the code
+    inside changed on purpose is undone.
+    """
+    before = [(node, tuple(node.inputs)) for node in _every_node(model)]
+    try:
+        yield
+    finally:
+        for node, inputs in before:
+            kept = len(node.inputs)
+            if kept < len(inputs) and tuple(node.inputs) == inputs[:kept] \
+                    and all(v is None for v in inputs[kept:]):
+                node.resize_inputs(len(inputs))
+
+
+def _every_node(model: ir.Model) -> Iterator[ir.Node]:
+    yield from ir.traversal.RecursiveGraphIterator(model.graph)
+    for function in model.functions.values():
+        yield from ir.traversal.RecursiveGraphIterator(function)
 
 
 def restore(model: ir.Model, backup: ir.Model) -> None:

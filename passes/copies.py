@@ -45,7 +45,8 @@ from onnxscript import optimizer
 from onnxscript.rewriter import pattern
 
 from dmlopt import placement
-from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
+from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
+from dmlopt.shape_inference import infer_shapes
 
 FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
 MS_DOMAIN = "com.microsoft"
@@ -255,7 +256,7 @@ class CopiesPass(DmlPass):
         data = placement.load_data(self.context.ort_version)
         report = self.option("copies_report") == "on"
         before = placement.predict(model, ort_version=self.context.ort_version) if report else None
-        common_passes.ShapeInferencePass(strict_mode=False)(model)  # the rules check element types
+        infer_shapes(model)  # the rules check element types (no weight is serialized for it)
         modified = self._fold_constant_ifs(model)
         modified |= self._drop_layer_norm_outputs(model)
         rules = [SplitSum.rule(self), SplitMax.rule(self), SplitMin.rule(self), SplitMean.rule(self),
@@ -268,7 +269,7 @@ class CopiesPass(DmlPass):
             if any(n.domain == MS_DOMAIN for n in ir.traversal.RecursiveGraphIterator(model.graph)):
                 model.opset_imports.setdefault(MS_DOMAIN, 1)
             common_passes.IdentityEliminationPass()(model)
-            common_passes.RemoveUnusedNodesPass()(model)
+            remove_unused_nodes(model)  # keeps Loop(M, "")'s empty input
         if report:
             after = placement.predict(model, ort_version=self.context.ort_version)
             self.note(f"DirectML placement (ORT {data.version} model): " + _counts(before) + " -> " + _counts(after))
@@ -306,7 +307,7 @@ class CopiesPass(DmlPass):
             return False
         names = {n.name for n in constant}
         optimizer.fold_constants(model, output_size_limit=1024, input_size_limit=1024)
-        common_passes.RemoveUnusedNodesPass()(model)
+        remove_unused_nodes(model)
         left = {n.name for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "If"}
         for node in constant:
             if node.name in left:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
+import onnx.numpy_helper
 import onnx.parser
 import onnx_ir as ir
 import pytest
@@ -178,6 +179,54 @@ def test_if_with_a_runtime_condition_is_declined():
     result, p = rewrite(m, "1.23")
     assert op_counts(result.model) == {"Relu": 1, "If": 1, "Sigmoid": 1, "Neg": 1}
     assert any("If condition is computed at run time" in d for d in sites(p, "declined"))
+
+
+@pytest.mark.parametrize("cond", ["c = Constant <value = bool {1}> ()", ""])
+def test_a_loop_keeps_its_empty_cond_input(cond):
+    # onnx_ir's dead-code removal after the rewrites (or the If folding) used to cut Loop(m, "") to Loop(m).
+    cond_input = "" if cond else ", bool c"
+    m = model(f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3] a, float[2, 3] b, float[2, 3] d{cond_input}) => (float[2, 3] y, float[3, 2, 3] s) {{
+        {cond}
+        y = If(c) <then_branch = t () => (float[2, 3] o) {{ o = Sum(a, b, d) }},
+                  else_branch = e () => (float[2, 3] o2) {{ o2 = Neg(a) }}>
+        m = Constant <value = int64 {{3}}> ()
+        s = Loop(m, "") <body = body (int64 i, bool cond_in) => (bool cond_out, float[2, 3] step) {{
+            cond_out = Identity(cond_in)
+            step = Max(a, b, d)
+        }}>
+    }}""")
+    result, p = rewrite(m)  # rewrite() runs the checker
+    loop = next(n for n in result.model.graph if n.op_type == "Loop")
+    assert len(loop.inputs) == 2 and loop.inputs[1] is None
+    assert [n.op_type for n in loop.attributes["body"].as_graph()] == ["Identity", "Max", "Max"]
+    assert "3-input Sum -> 2 binary Sum" in sites(p, "rewrote")
+    if cond:
+        assert "If" not in op_counts(result.model)
+        assert_same_numerics(m, result.model)
+
+
+def test_shape_inference_never_serializes_the_weights(monkeypatch):
+    """Every onnx inference the pass and its placement predictions run gets a proto without the 4 MiB weight."""
+    weight = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["h"]), onnx.helper.make_node("Sum", ["h", "x", "x"], ["y"])],
+        "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 1024])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 1024])],
+        [onnx.numpy_helper.from_array(weight, "w")])
+    m = ir.from_proto(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]))
+    sizes = []
+    infer = onnx.shape_inference.infer_shapes
+
+    def recording(proto, *args, **kwargs):
+        sizes.append(proto.ByteSize())
+        return infer(proto, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", recording)
+    result = CopiesPass(PassContext(target="dml", ort_version="1.14"))(m)
+    assert op_counts(result.model) == {"MatMul": 1, "Sum": 2}
+    assert len(sizes) >= 3 and max(sizes) < 64 * 1024, sizes  # the pass, placement before and after
 
 
 def test_notes_give_predicted_counts_before_and_after():

@@ -52,6 +52,7 @@ from onnxscript import optimizer
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
+from dmlopt import shape_inference
 from dmlopt.model import initializer_bytes
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, restore
 from dmlopt.shapes import check_shapes, free_dimensions, runtime_inputs
@@ -515,11 +516,12 @@ def _shape_rules(owner: DmlPass, present: set[str]) -> list:
 # -- shape inference ----------------------------------------------------------------------
 def infer_shapes(model: ir.Model) -> int:
     """onnx shape inference (data propagation on), merged so that static dims win; dims made static."""
-    inferred = model.clone()
-    common_passes.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(inferred)
+    try:
+        inferred = shape_inference.inferred_values(model)  # no weight is serialized for it
+    except Exception:  # noqa: BLE001 - best effort: the model keeps the shapes it has
+        return 0
     gained = 0
-    for graph, other in zip(model.graphs(), inferred.graphs()):
-        theirs = {v.name: v for v in _graph_values(other)}
+    for graph, theirs in inferred.items():
         for value in _graph_values(graph):
             new = theirs.get(value.name)
             if new is None:

@@ -67,6 +67,7 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
+from dmlopt.shape_inference import infer_shapes
 
 STRATEGIES = ("keep", "decompose", "relu-split", "conv-split", "channel-fold")
 DEFAULT_ALPHA = 0.01  # the ONNX default of LeakyRelu's alpha
@@ -325,7 +326,9 @@ class LeakyReluConvSplit(_LeakyReluRule):
     def __init__(self, owner, producer: str):
         super().__init__(owner, name=f"conv-split-{producer}")
         self.producer = producer
-        self.remove_nodes = False  # so a producer with other consumers reaches check() and its reason
+        # So a producer with other consumers reaches check() and its reason.  The rewriter then ends with
+        # dead-code removal, which would cut Loop(M, "") to Loop(M): apply_rules keeps such empty inputs.
+        self.remove_nodes = False
 
     def pattern(self, op, x, w):
         z = getattr(op, self.producer)(x, w, _allow_other_inputs=True, _outputs=["z"])
@@ -517,7 +520,7 @@ class LeakyReluPass(DmlPass):
         if any(not node.name for node in leaky):
             common_passes.NameFixPass()(model)  # the site log is by node name
         if any(node.inputs[0].dtype is None and node.outputs[0].dtype is None for node in leaky):
-            common_passes.ShapeInferencePass(strict_mode=False)(model)  # the scalars need the input type
+            infer_shapes(model)  # the scalars need the input type
         self._fresh = fresh_names(model)
         unused_before = unused_initializers(model)
         count = apply_rules(model, _rules(strategy, self))

@@ -362,6 +362,37 @@ def test_rewrites_inside_if_branches():
             assert v.passed, v.to_table()
 
 
+def loop_without_cond(alpha):
+    """``Loop(M, "")`` with no loop-carried value, its body ``Conv(LeakyRelu(Conv(x; w)); v)`` as scan output."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Conv", ["x", "w"], ["z"], name="body_conv", pads=[1] * 4),
+         helper.make_node("LeakyRelu", ["z"], ["a"], name="body_leaky", alpha=alpha),
+         helper.make_node("Conv", ["a", "v"], ["y_step"], name="body_consumer", pads=[1] * 4)],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("y_step", TensorProto.FLOAT, [1, 3, 4, 4])])
+    loop = helper.make_node("Loop", ["m", ""], ["y"], name="loop", body=body)
+    graph = helper.make_graph([loop], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1, 3, 4, 4])],
+                              [numpy_helper.from_array(weights(3, 2, 3, 3), "w"),
+                               numpy_helper.from_array(weights(3, 3, 3, 3), "v"),
+                               numpy_helper.from_array(np.array(2, dtype=np.int64), "m")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("strategy", REWRITING)
+def test_rewrites_inside_a_loop_keep_its_empty_cond_input(strategy):
+    # onnx_ir's dead-code removal after the rules used to cut Loop(m, "") down to Loop(m): invalid.
+    original, out, p = rewrite(loop_without_cond(0.3), strategy)  # rewrite() runs the checker
+    loop = next(iter(out.graph))
+    assert loop.op_type == "Loop" and len(loop.inputs) == 2 and loop.inputs[1] is None
+    body_ops = [n.op_type for n in loop.attributes["body"].as_graph()]
+    assert "LeakyRelu" not in body_ops and len(sites(p, "rewrote")) == 1
+    assert_exact(original, out)
+
+
 # -- properties over random graphs ----------------------------------------------------------------
 
 @PROPERTY
