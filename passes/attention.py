@@ -54,7 +54,7 @@ import onnxscript.rewriter.rules.common as onnxscript_rules
 from onnxscript.rewriter import pattern
 
 from dmlopt.einsum_support import parse_version
-from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, restore
+from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes, restore
 from dmlopt.passes._layout import CollapseLayoutChain, Cut, NotAView, View, ints, static_shape, trace
 
 MHA_SINCE_DML = (1, 15)
@@ -463,7 +463,7 @@ class AttentionPass(DmlPass):
         if not apply_rules(model, [FuseAttention.rule(self)]):
             return ir.passes.PassResult(model, False)
         model.opset_imports.setdefault("com.microsoft", 1)
-        common_passes.RemoveUnusedNodesPass()(model)
+        remove_unused_nodes(model)
         fused = model.clone()
         rewired = self._rewire_heads(model)
         self._tidy(model)
@@ -485,7 +485,7 @@ class AttentionPass(DmlPass):
         for _ in range(MAX_PATH):
             if not apply_rules(model, rules):
                 break
-        common_passes.RemoveUnusedNodesPass()(model)
+        remove_unused_nodes(model)
 
     def _rewire_heads(self, model: ir.Model) -> int:
         """Case 5: a per-head tensor still read elsewhere is re-derived from MHA's 3D input.
@@ -511,7 +511,7 @@ class AttentionPass(DmlPass):
                 use.node.replace_input_with(use.idx, back.outputs[0])
             head.graph.sort()
             count += 1
-        common_passes.RemoveUnusedNodesPass()(model)
+        remove_unused_nodes(model)
         return count
 
 

@@ -12,11 +12,10 @@ Cases:
 from __future__ import annotations
 
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript import optimizer
 
 from dmlopt.model import initializer_bytes
-from dmlopt.passes._base import DmlPass, restore
+from dmlopt.passes._base import DmlPass, remove_unused_nodes, restore
 
 MAX_GROWTH = 0.01
 # Largest folded tensor (elements) tried first, then smaller ones while the model grows.
@@ -45,7 +44,7 @@ class CleanupPass(DmlPass):
             self.note(f"folding with outputs up to {limit} elements grew constants {before_bytes} -> {after_bytes} bytes: undone")
             restore(model, backup)
         else:
-            common_passes.RemoveUnusedNodesPass()(model)
+            remove_unused_nodes(model)
             self.note("constant folding skipped: every attempt grew the model by more than 1%")
         after_nodes = _count_nodes(model)
         modified = after_nodes != before_nodes or initializer_bytes(model) != before_bytes

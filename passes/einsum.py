@@ -59,7 +59,7 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.einsum_support import GENERIC_SINCE, EquationError, einsum_supported, parse_equation, parse_version
-from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
+from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 
 Dim = Union[int, str, None]  # static size, symbolic name, unknown
 
@@ -616,5 +616,5 @@ class EinsumPass(DmlPass):
         common_passes.ShapeInferencePass(strict_mode=False)(model)
         count = apply_rules(model, [LowerEinsum.rule(self)])
         if count:
-            common_passes.RemoveUnusedNodesPass()(model)
+            remove_unused_nodes(model)
         return ir.passes.PassResult(model, count > 0)

@@ -54,7 +54,8 @@ from onnxscript.rewriter.rules import common as common_rules
 
 from dmlopt import shape_inference
 from dmlopt.model import initializer_bytes
-from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, restore
+from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
+from dmlopt.passes._shared import ReshapeNoOp, is_static
 from dmlopt.shapes import check_shapes, free_dimensions, runtime_inputs
 
 # Expand/Tile/ConstantOfShape/Range results above this many elements stay ops.
@@ -145,14 +146,14 @@ class FreezeShapesPass(DmlPass):
             changed |= bool(rules) and apply_rules(model, rules) > 0
             if split_sizes_as_input:
                 changed |= slices_to_split(self, model) > 0
-            changed |= common_passes.RemoveUnusedNodesPass()(model).modified
+            changed |= remove_unused_nodes(model)
             if not changed:
                 break
         for step in (common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
                      common_passes.LiftSubgraphInitializersToMainGraphPass(),
                      common_passes.DeduplicateInitializersPass(),
                      common_passes.CommonSubexpressionEliminationPass(),
-                     common_passes.RemoveUnusedNodesPass(),
+                     remove_unused_nodes,
                      common_passes.NameFixPass()):
             step(model)
         infer_shapes(model)
@@ -312,7 +313,7 @@ class ViewChainToReshape(SiteRule):
 
     def check(self, context, x, **_):
         out = context.output_values[0]
-        if not _is_static(out) or not _is_static(x):
+        if not is_static(out) or not is_static(x):
             return pattern.MatchResult().fail("shapes not static")
         if any(d == 0 for d in out.shape.dims):
             return self.decline(context.nodes[-1], "zero-size dim: Reshape would read 0 as 'copy this dim'")
@@ -322,22 +323,6 @@ class ViewChainToReshape(SiteRule):
     def rewrite(self, op, x, **_):
         dims = np.array(self._out_dims, dtype=np.int64)
         return op.Reshape(x, op.initializer(ir.tensor(dims, name=f"{self._out_name}_shape")))
-
-
-class ReshapeNoOp(SiteRule):
-    """``Reshape(x, s)`` -> x when static shapes show it keeps x's shape (``s`` may hold -1 or 0)."""
-
-    def pattern(self, op, x, shape):
-        return op.Reshape(x, shape, _allow_other_attributes=True)
-
-    def check(self, context, x, shape, **_):
-        out = context.output_values[0]
-        if not (_is_static(x) and _is_static(out)) or x.shape.dims != out.shape.dims:
-            return pattern.MatchResult().fail("shape changes or is not static")
-        return pattern.MatchResult()
-
-    def rewrite(self, op, x, shape, **_):
-        return op.Identity(x)
 
 
 class ReshapeToExplicitShape(SiteRule):
@@ -350,7 +335,7 @@ class ReshapeToExplicitShape(SiteRule):
         value, out = _const(shape), context.output_values[0]
         if value is None or not np.any(value <= 0):
             return pattern.MatchResult().fail("shape not constant or already explicit")
-        if not _is_static(out) or any(d == 0 for d in out.shape.dims):
+        if not is_static(out) or any(d == 0 for d in out.shape.dims):
             return pattern.MatchResult().fail("output not static, or has a zero dim")
         self._dims = list(out.shape.dims)
         return pattern.MatchResult()
@@ -409,7 +394,7 @@ def slices_to_split(owner: DmlPass, model: ir.Model) -> int:
     count = 0
     for graph in model.graphs():
         for x in list(_graph_values(graph)):
-            if not _is_static(x):
+            if not is_static(x):
                 continue
             by_axis: dict[int, list] = {}
             for node in {use.node for use in x.uses()}:
@@ -484,7 +469,7 @@ class BroadcastNoOp(SiteRule):
         if not np.all(value == self.NEUTRAL[self.op_type]):
             return pattern.MatchResult().fail("constant is not neutral")
         out = context.output_values[0]
-        if not (_is_static(x) and _is_static(out)) or x.shape.dims != out.shape.dims or x.dtype != out.dtype:
+        if not (is_static(x) and is_static(out)) or x.shape.dims != out.shape.dims or x.dtype != out.dtype:
             return pattern.MatchResult().fail("broadcast may change the shape")
         return pattern.MatchResult()
 
@@ -565,7 +550,7 @@ class _Census:
 
 def _census(model: ir.Model) -> _Census:
     nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
-    dynamic = [v for g in model.graphs() for v in _graph_values(g) if not _is_static(v)]
+    dynamic = [v for g in model.graphs() for v in _graph_values(g) if not is_static(v)]
     return _Census(len(nodes), sum(n.op_type in ("Shape", "Size") for n in nodes),
                    sum(n.op_type == "If" for n in nodes), {n.name for n in nodes if n.op_type == "If" and n.name},
                    len(dynamic), [f"{v.name} {_show(v.shape)}" for v in dynamic[:3]])
@@ -577,12 +562,8 @@ def _graph_values(graph: ir.Graph):
         yield from node.outputs
 
 
-def _is_static(value: ir.Value | None) -> bool:
-    return value is not None and value.shape is not None and all(isinstance(d, int) for d in value.shape.dims)
-
-
 def _static_size(value: ir.Value | None) -> int | None:
-    if not _is_static(value):
+    if not is_static(value):
         return None
     return int(np.prod(value.shape.dims, dtype=np.int64))
 

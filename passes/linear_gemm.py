@@ -30,7 +30,7 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
-from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
+from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._shared import ReshapeNoOp, is_static
 from dmlopt.passes.freeze_shapes import infer_shapes
 
@@ -56,10 +56,10 @@ class LinearGemmPass(DmlPass):
                 break
             count += done
             apply_rules(model, merges)
-            common_passes.RemoveUnusedNodesPass()(model)
+            remove_unused_nodes(model)
         if count:
             common_passes.IdentityEliminationPass()(model)
-            common_passes.RemoveUnusedNodesPass()(model)
+            remove_unused_nodes(model)
             common_passes.DeduplicateInitializersPass()(model)  # the Reshape shapes of equal sites
             common_passes.NameFixPass()(model)
             infer_shapes(model)  # the new Reshape/Gemm values

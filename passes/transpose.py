@@ -41,7 +41,7 @@ import onnxscript.rewriter.rules.common as onnxscript_rules
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets as fused_matmul
 
-from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, restore
+from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
 from dmlopt.passes._layout import CollapseLayoutChain
 
 MAX_ROUNDS = 32
@@ -478,7 +478,7 @@ class TransposePass(DmlPass):
             if not count:
                 break
         common_passes.IdentityEliminationPass()(model)  # cancelled pairs leave Identity
-        common_passes.RemoveUnusedNodesPass()(model)
+        remove_unused_nodes(model)
         after = transpose_count(model)
         if after > before:
             restore(model, backup)

@@ -1,0 +1,65 @@
+"""cleanup: folding and dead-code removal keep control flow valid (size guard: tests/test_pipeline.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import dmlopt
+
+
+def _loop_without_cond() -> onnx.ModelProto:
+    """z = Loop(M=3, cond="", x) adding 1 each trip: the empty cond input must survive."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc", "one"], ["acc_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "one")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "x"], ["y"], body=body), helper.make_node("Identity", ["y"], ["z"])],
+        "loop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array(3, np.int64), "M")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("passes", [["cleanup"], ["freeze-shapes"], None], ids=["cleanup", "freeze-shapes", "all"])
+def test_loop_keeps_its_empty_cond_input(passes):
+    result = dmlopt.optimize(_loop_without_cond(), passes=passes, target="cpu", retime=False)
+    assert result.passed
+    (loop,) = [n for n in result.model.graph if n.op_type == "Loop"]
+    assert len(loop.inputs) == 3 and loop.inputs[1] is None
+    if passes != ["freeze-shapes"]:  # cleanup's identity removal still ran on the main graph
+        assert [n.op_type for n in result.model.graph] == ["Loop"]
+
+
+def test_dead_code_removal_keeps_empty_inputs_that_onnx_ir_would_trim():
+    """onnx_ir 1.1's RemoveUnusedNodesPass cuts Loop(M, "", x)'s empty cond only when the loop
+    has no carried value after it; `remove_unused_nodes`, which every pass uses, puts it back."""
+    import onnx_ir as ir
+    import onnx_ir.passes.common as common_passes
+
+    from dmlopt.passes._base import remove_unused_nodes
+
+    proto = _loop_without_cond()
+    loop = proto.graph.node[0]
+    del loop.input[2:]  # Loop(M, "") with no carried value: the form the trimming breaks
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    del body.input[2:], body.output[1:], body.node[1:], body.initializer[:]
+    del loop.output[:], proto.graph.node[1:]
+    loop.output.append("scan_out")
+    body.node.append(helper.make_node("Identity", ["cond_in"], ["copy"]))
+    body.output.append(helper.make_tensor_value_info("copy", TensorProto.BOOL, []))
+    proto.graph.output[0].CopyFrom(helper.make_tensor_value_info("scan_out", TensorProto.BOOL, [3]))
+    del proto.graph.input[:]
+    raw, ours = ir.from_proto(proto), ir.from_proto(proto)
+    common_passes.RemoveUnusedNodesPass()(raw)
+    remove_unused_nodes(ours)
+    assert len(next(iter(raw.graph)).inputs) == 1  # what the library does
+    assert len(next(iter(ours.graph)).inputs) == 2  # what dmlopt keeps
