@@ -177,7 +177,8 @@ def compare(name: str, ref: np.ndarray, cand: np.ndarray | None, atol=None, rtol
     finite = ~nan_x
     x, y = x[finite], y[finite]
     same_inf = np.isinf(x) & (x == y)
-    diff = np.where(same_inf, 0.0, np.abs(x - y))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are the same inf: masked to 0 here
+        diff = np.where(same_inf, 0.0, np.abs(x - y))
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = float(np.abs(np.where(np.isinf(x), 0.0, x)).max()) if x.size else 0.0
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))

@@ -88,6 +88,18 @@ class DmlPass(ir.passes.InPlacePass):
                 return self.context.options.get(name, opt.default)
         raise KeyError(f"{self.name} has no option {name!r}")
 
+    def resolved_option(self, name: str) -> Any:
+        """The option's value, with an 'auto' left unresolved (the pass run outside the pipeline,
+        which resolves it through dmlopt.tune) replaced by the target's documented default."""
+        value = self.option(name)
+        if value != "auto":
+            return value
+        opt = next(o for o in self.options if o.name == name)
+        choices = [c for c in (opt.choices or ()) if c != "auto"]
+        value = (opt.auto_default or {}).get(self.context.target, "keep" if "keep" in choices else choices[0])
+        self.note(f"{name}=auto without tuning: the default for --target {self.context.target}, {value}")
+        return value
+
     def enabled(self) -> bool:
         """Whether the pass has anything to do under this context (fp16 only when asked)."""
         return True

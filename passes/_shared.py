@@ -13,6 +13,13 @@ def is_static(value: ir.Value | None) -> bool:
     return value is not None and value.shape is not None and all(isinstance(d, int) for d in value.shape.dims)
 
 
+def show_shape(shape: ir.Shape | None) -> str:
+    """``[1,3,N,?]``: a shape for the report, symbolic dims by name."""
+    if shape is None:
+        return "[?]"
+    return "[" + ",".join(str(d) if isinstance(d, int) else (d.value or "?") for d in shape.dims) + "]"
+
+
 class ReshapeNoOp(SiteRule):
     """``Reshape(x, s)`` -> x when static shapes show it keeps x's shape (``s`` may hold -1 or 0)."""
 

@@ -445,9 +445,7 @@ class AttentionPass(DmlPass):
     )
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        choice = self.option("attention")
-        if choice == "auto":  # not resolved by the pipeline (the pass run on its own)
-            choice = self.options[0].auto_default.get(self.context.target, "keep")
+        choice = self.resolved_option("attention")
         if choice == "keep":
             return ir.passes.PassResult(model, False)
         if not any(n.op_type == "Softmax" for n in ir.traversal.RecursiveGraphIterator(model.graph)):

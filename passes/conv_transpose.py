@@ -235,11 +235,7 @@ class ConvTransposePass(DmlPass):
              "without the target: subpixel for dml and cuda, keep for cpu)"),)
 
     def choice(self) -> str:
-        value = self.option("conv_transpose")
-        if value == "auto":  # run outside the pipeline, which resolves 'auto' through dmlopt.tune
-            value = self.options[0].auto_default.get(self.context.target, "keep")
-            self.note(f"conv_transpose=auto without tuning: the default for --target {self.context.target}, {value}")
-        return value
+        return self.resolved_option("conv_transpose")
 
     def initializer(self, op, array: np.ndarray, base: str) -> ir.Value:
         name = self._fresh(base or "subpixel_weight")

@@ -493,7 +493,7 @@ class LowerEinsum(SiteRule):
             if owner:
                 owner.kept(node, f"{equation!r} is in DirectML's Einsum table for ORT {ort_version}")
             return self.decline(None, "supported by the target")
-        if owner and owner.choice("einsum") == "keep":
+        if owner and owner.resolved_option("einsum") == "keep":
             owner.kept(node, f"{equation!r}: --einsum keep" + (
                 "" if _runs_it(target, equation, len(inputs), ort_version) else
                 " (the target runs this form on the CPU)"))
@@ -537,7 +537,7 @@ class LowerEinsum(SiteRule):
         labels, out_labels, sizes, dropped, sources = self._job
         _correct_output_shape(out, [sizes[l] for l in out_labels])
         opset = self._opset
-        layout = self.owner.choice("einsum_layout") if self.owner else LAYOUTS[1]
+        layout = self.owner.resolved_option("einsum_layout") if self.owner else LAYOUTS[1]
         em = Emitter(op, opset, sizes, sources, node.graph, node.name or "einsum")
         operands = []
         for value, lab, drop in zip(node.inputs, labels, dropped):
@@ -600,14 +600,6 @@ class EinsumPass(DmlPass):
                "no Transpose and a batch of vector products", choices=("auto", *LAYOUTS), tunable=True,
                auto_default={"dml": "largest-matmul", "cuda": "largest-matmul", "cpu": "largest-matmul"}),
     )
-
-    def choice(self, name: str) -> str:
-        """The option's value; 'auto' left unresolved (the pass run on its own) is the target's default."""
-        value = self.option(name)
-        if value == "auto":
-            opt = next(o for o in self.options if o.name == name)
-            value = (opt.auto_default or {}).get(self.context.target, opt.choices[1])
-        return value
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         if not any(n.op_type == "Einsum" and n.domain in ("", "ai.onnx")

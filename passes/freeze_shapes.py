@@ -55,7 +55,7 @@ from onnxscript.rewriter.rules import common as common_rules
 from dmlopt import shape_inference
 from dmlopt.model import initializer_bytes
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
-from dmlopt.passes._shared import ReshapeNoOp, is_static
+from dmlopt.passes._shared import ReshapeNoOp, is_static, show_shape
 from dmlopt.shapes import check_shapes, free_dimensions, runtime_inputs
 
 # Expand/Tile/ConstantOfShape/Range results above this many elements stay ops.
@@ -117,11 +117,11 @@ class FreezeShapesPass(DmlPass):
         self._inputs_changed = False
         for value in runtime_inputs(model):
             if value.name in shapes:
-                old = _show(value.shape)
+                old = show_shape(value.shape)
                 value.shape = ir.Shape([int(d) for d in shapes[value.name]])
-                if old != _show(value.shape):
+                if old != show_shape(value.shape):
                     self._inputs_changed = True
-                    self.rewrote(f"input {value.name}", f"{old} -> {_show(value.shape)}")
+                    self.rewrote(f"input {value.name}", f"{old} -> {show_shape(value.shape)}")
         for graph in model.graphs():
             for value in _graph_values(graph):
                 if value.shape is None:
@@ -130,7 +130,7 @@ class FreezeShapesPass(DmlPass):
                 if any(a is not b for a, b in zip(dims, value.shape.dims)):
                     if value.is_graph_input() and graph is model.graph:
                         self._inputs_changed = True
-                        self.rewrote(f"input {value.name}", f"{_show(value.shape)} -> {_show(ir.Shape(dims))}")
+                        self.rewrote(f"input {value.name}", f"{show_shape(value.shape)} -> {show_shape(ir.Shape(dims))}")
                     value.shape = ir.Shape(dims)
 
     def _fold(self, model: ir.Model, budget: float, log: bool) -> int:
@@ -185,7 +185,7 @@ class FreezeShapesPass(DmlPass):
         for node in ir.traversal.RecursiveGraphIterator(model.graph):
             if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
                 self.kept(node, "folding undone: it grew the model by more than 1%" if undone else
-                          f"input shape {_show(node.inputs[0].shape)} is not static")
+                          f"input shape {show_shape(node.inputs[0].shape)} is not static")
         free = free_dimensions(model)
         if free:
             self.note("still free: " + ", ".join(f"{name} ({', '.join(where)})" for name, where in free.items()))
@@ -553,7 +553,7 @@ def _census(model: ir.Model) -> _Census:
     dynamic = [v for g in model.graphs() for v in _graph_values(g) if not is_static(v)]
     return _Census(len(nodes), sum(n.op_type in ("Shape", "Size") for n in nodes),
                    sum(n.op_type == "If" for n in nodes), {n.name for n in nodes if n.op_type == "If" and n.name},
-                   len(dynamic), [f"{v.name} {_show(v.shape)}" for v in dynamic[:3]])
+                   len(dynamic), [f"{v.name} {show_shape(v.shape)}" for v in dynamic[:3]])
 
 
 def _graph_values(graph: ir.Graph):
@@ -582,12 +582,6 @@ def _const(value: ir.Value | None) -> np.ndarray | None:
         return value.const_value.numpy()
     except Exception:  # noqa: BLE001 - external data missing and the like
         return None
-
-
-def _show(shape: ir.Shape | None) -> str:
-    if shape is None:
-        return "[?]"
-    return "[" + ",".join(str(d) if isinstance(d, int) else (d.value or "?") for d in shape.dims) + "]"
 
 
 def _model_bytes(model: ir.Model) -> int:

@@ -497,11 +497,7 @@ class LeakyReluPass(DmlPass):
              "keep for cuda/cpu)"),)
 
     def strategy(self) -> str:
-        choice = self.option("leaky_relu")
-        if choice == "auto":  # run outside the pipeline, which resolves 'auto' through dmlopt.tune
-            choice = self.options[0].auto_default.get(self.context.target, "keep")
-            self.note(f"leaky_relu=auto without tuning: the default for --target {self.context.target}, {choice}")
-        return choice
+        return self.resolved_option("leaky_relu")
 
     def initializer(self, op, array: np.ndarray, base: str) -> ir.Value:
         name = self._fresh(base or "leaky_relu_weight")

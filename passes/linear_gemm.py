@@ -31,7 +31,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes
-from dmlopt.passes._shared import ReshapeNoOp, is_static
+from dmlopt.passes._shared import ReshapeNoOp, is_static, show_shape
 from dmlopt.passes.freeze_shapes import infer_shapes
 
 GEMM_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
@@ -152,7 +152,7 @@ def mlps_to_gemm(owner: DmlPass, model: ir.Model) -> int:
             rows = int(np.prod(a.shape.dims[:-1], dtype=np.int64))
             out_dims = list(add2.outputs[0].shape.dims)
             _rewrite_mlp(graph, a, rows, (matmul1, add1, w1, b1), nodes, (matmul2, add2, w2, b2), out_dims)
-            owner.rewrote(add1, f"MLP on {_show(a.shape)}: two Linears -> Gemms on [{rows}, *] rows, "
+            owner.rewrote(add1, f"MLP on {show_shape(a.shape)}: two Linears -> Gemms on [{rows}, *] rows, "
                                 f"{len(nodes)} activation nodes between")
             count += 1
     return count
@@ -283,12 +283,6 @@ def _const(value: ir.Value | None) -> np.ndarray | None:
         return tensor.numpy()
     except Exception:  # noqa: BLE001 - external data missing and the like
         return None
-
-
-def _show(shape: ir.Shape | None) -> str:
-    if shape is None:
-        return "[?]"
-    return "[" + ",".join(str(d) if isinstance(d, int) else (d.value or "?") for d in shape.dims) + "]"
 
 
 def _unique(graph: ir.Graph, name: str) -> str:
