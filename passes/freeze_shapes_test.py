@@ -16,6 +16,7 @@ from dmlopt.errors import UsageError
 from dmlopt.passes import PassContext
 from dmlopt.passes.freeze_shapes import BIG_RESULT, FreezeShapesPass
 from dmlopt.validate import run
+from tests.ir_text import text, with_weights
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"
 
@@ -55,20 +56,6 @@ def assert_same_outputs(ref: ir.Model, cand: ir.Model, feeds: dict) -> None:
     for name in expected:
         assert expected[name].shape == got[name].shape, name
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
-
-
-def text(body: str, opset: int = 17) -> ir.Model:
-    return ir.from_onnx_text(f'<ir_version: 8, opset_import: ["" : {opset}]>\n{body}')
-
-
-def with_weights(model: ir.Model, **arrays) -> ir.Model:
-    """Turn the graph inputs named in `arrays` into initializers holding those arrays."""
-    for name, array in arrays.items():
-        value = next(v for v in model.graph.inputs if v.name == name)
-        model.graph.inputs.remove(value)
-        value.const_value = ir.tensor(array)
-        model.graph.register_initializer(value)
-    return model
 
 
 RNG = np.random.default_rng(0)

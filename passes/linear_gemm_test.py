@@ -12,6 +12,7 @@ import pytest
 import dmlopt
 from dmlopt.passes import PassContext
 from dmlopt.passes.linear_gemm import LinearGemmPass
+from tests.ir_text import text, with_weights
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"
 RNG = np.random.default_rng(0)
@@ -27,20 +28,6 @@ def convert(model: ir.Model):
 
 def main_ops(model: ir.Model) -> list[str]:
     return [n.op_type for n in model.graph]
-
-
-def text(body: str, opset: int = 17) -> ir.Model:
-    return ir.from_onnx_text(f'<ir_version: 8, opset_import: ["" : {opset}]>\n{body}')
-
-
-def with_weights(model: ir.Model, **arrays) -> ir.Model:
-    """Turn the graph inputs named in `arrays` into initializers holding those arrays."""
-    for name, array in arrays.items():
-        value = next(v for v in model.graph.inputs if v.name == name)
-        model.graph.inputs.remove(value)
-        value.const_value = ir.tensor(array)
-        model.graph.register_initializer(value)
-    return model
 
 
 def close(ref: ir.Model, cand: ir.Model, shape) -> None:
