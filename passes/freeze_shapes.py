@@ -38,6 +38,9 @@ Cases:
   5. What stays dynamic (a free dim not given, data-dependent shapes such as NonZero) is
      reported: remaining Shape/Size nodes are logged as kept, with the dynamic dims.
   6. Model-local functions are left as they are (the cleanup pass inlines them first).
+  7. Every input already static (nothing to give): the shape arithmetic an exporter kept
+     anyway (SAM's F.pad computes its pads through ConstantOfShape/Concat/Transpose, which
+     onnxscript's folder never folds) is folded as in case 4.
 """
 
 from __future__ import annotations
@@ -86,8 +89,7 @@ class FreezeShapesPass(DmlPass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         shapes, dims = self.context.shapes, self.context.dims
         values = check_shapes(model, shapes, dims)
-        if not shapes and not dims:
-            self._report_free(model)
+        if not shapes and not dims and self._report_free(model):
             return ir.passes.PassResult(model, False)
         before = _census(model)
         size_before = _model_bytes(model)
@@ -160,16 +162,17 @@ class FreezeShapesPass(DmlPass):
         return guard.refused
 
     # -- report ---------------------------------------------------------------------
-    def _report_free(self, model: ir.Model) -> None:
-        """Case 1: say which axes are free and how to fix them."""
+    def _report_free(self, model: ir.Model) -> bool:
+        """Case 1: say which axes are free and how to fix them; False when none is (case 7)."""
         free = free_dimensions(model)
         if not free:
-            self.note("all input shapes are static")
-            return
+            self.note("all input shapes are static: folding the shape arithmetic the export kept")
+            return False
         listed = ", ".join(f"{name} ({', '.join(where)})" for name, where in free.items())
         self.note(f"free dimensions: {listed}; fix them with --shape NAME:D0,D1,... or --dim NAME=VALUE")
         for name, where in free.items():
             self.kept(f"dim {name}", f"dynamic at {', '.join(where)}: nothing given to freeze it")
+        return True
 
     def _report(self, model: ir.Model, before: _Census, after: _Census, undone: bool) -> None:
         self.rewrote("<graph>", f"nodes {before.nodes} -> {after.nodes}, Shape/Size {before.shape_ops} -> "

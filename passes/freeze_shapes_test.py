@@ -106,6 +106,35 @@ def test_nothing_given_changes_nothing_and_lists_free_dims():
     assert {s.node for s in p.sites if s.action == "kept"} == {"dim N", "dim C", "dim H", "dim W"}
 
 
+def test_static_model_still_folds_the_pad_arithmetic_the_export_kept():
+    """Case 7: F.pad's pads (Concat(C, ConstantOfShape(n)) -> Reshape -> reversed Slice -> Transpose
+    -> Reshape), as the TorchScript exporter writes them, fold with no shape given."""
+    model = text("""
+    g (float[1, 3, 3, 2] x) => (float[1, 5, 5, 2] y) {
+      head = Constant<value = int64[6] {0, 0, 0, 2, 0, 2}>()
+      n = Constant<value = int64[1] {2}>()
+      zeros = ConstantOfShape<value = int64[1] {0}>(n)
+      flat = Concat<axis = 0>(head, zeros)
+      pairs_shape = Constant<value = int64[2] {-1, 2}>()
+      pairs = Reshape(flat, pairs_shape)
+      start = Constant<value = int64[1] {-1}>()
+      end = Constant<value = int64[1] {-9223372036854775807}>()
+      axis = Constant<value = int64[1] {0}>()
+      step = Constant<value = int64[1] {-1}>()
+      reversed = Slice(pairs, start, end, axis, step)
+      cols = Transpose<perm = [1, 0]>(reversed)
+      minus1 = Constant<value = int64[1] {-1}>()
+      pads = Reshape(cols, minus1)
+      y = Pad(x, pads)
+    }
+    """)
+    frozen, p = freeze(model)
+    assert main_ops(frozen) == ["Pad"]
+    assert frozen.graph.node(0).inputs[1].const_value.numpy().tolist() == [0, 0, 0, 0, 0, 2, 2, 0]
+    assert any("folding the shape arithmetic" in n for n in p.notes)
+    assert_same_outputs(model, frozen, {"x": feed([1, 3, 3, 2])})
+
+
 def test_dim_param_freezes_every_occurrence():
     model = text("""
     g (float[batch_size, 4] a, float[batch_size, 4] b) => (float[batch_size, 4] y, int64[1] n) {
