@@ -11,6 +11,9 @@ is the median of per-pair ratios).  Variants:
   dmlopt fuse               + attention fused into com.microsoft MultiHeadAttention
   dmlopt keep/fuse gemv     the same with einsum_layout=fewest-transposes (batched vector products)
   dmlopt fuse einsum-kept   cleanup + transpose + attention, Einsum left to ORT (the CUDA default)
+  dmlopt fuse by-size       einsum_layout=by-size: vector products for small contractions only
+  ... windows               each of those, then tokens kept in window layout between windowed
+                            blocks (freeze-shapes + window-layout: no merge/partition pairs)
   ort vit / ort sam2        onnxruntime.transformers.optimizer.optimize_model(model_type=...)
 
 dmlopt runs with --target dml (what would ship); the timing is on the provider here.
@@ -21,6 +24,7 @@ and lowered in each einsum_layout: the figures behind the einsum pass's per-targ
 
     python benchmarks/attention.py                      # bundled small SAM + a medium SAM, CPU EP
     python benchmarks/attention.py --ep cuda --vit-b    # adds SAM ViT-B at 1024 (random weights)
+    python benchmarks/attention.py --ep cuda --vit-b-512  # SAM ViT-B's layers at 512 px
     python benchmarks/attention.py --model enc.onnx --heads 12 --hidden 768
 """
 
@@ -56,11 +60,19 @@ DMLOPT_VARIANTS = {  # name -> (passes, options); dmlopt runs with --target dml
                                                                  "einsum_layout": "fewest-transposes",
                                                                  "attention": "fuse"}),
     "dmlopt fuse einsum-kept": ("cleanup,transpose,attention", {"attention": "fuse"}),
+    "dmlopt fuse by-size": ("cleanup,einsum,transpose,attention", {"einsum": "lower", "einsum_layout": "by-size",
+                                                                    "attention": "fuse"}),
 }
+# The same, then tokens kept in window layout between windowed blocks (window-layout pass).
+DMLOPT_VARIANTS.update({
+    f"{name} windows": (passes.replace("cleanup,", "cleanup,freeze-shapes,") + ",window-layout",
+                        {**options, "window_layout": "merge"})
+    for name, (passes, options) in list(DMLOPT_VARIANTS.items()) if name != "cleanup"})
 ALL_VARIANTS = ("export", *DMLOPT_VARIANTS, "ort vit", "ort sam2")
 
 
-def sam_models(folder: pathlib.Path, medium: bool, vit_b: bool) -> dict[str, tuple[pathlib.Path, int, int]]:
+def sam_models(folder: pathlib.Path, medium: bool, vit_b: bool, vit_b_512: bool = False
+               ) -> dict[str, tuple[pathlib.Path, int, int]]:
     """name -> (ONNX file, heads, hidden size)."""
     models = {}
     bundled = ROOT / "dmlopt" / "data" / "sam_small.onnx"
@@ -74,13 +86,14 @@ def sam_models(folder: pathlib.Path, medium: bool, vit_b: bool) -> dict[str, tup
                                         depth=6, num_heads=6, window_size=7, global_attn_indexes=(2, 5),
                                         out_chans=64)
         models["SAM medium (256px, 6 blocks)"] = (path, 6, 192)
-    if vit_b:
-        b = sam_encoder.VARIANTS["vit_b"]
-        path = sam_encoder.export_small(folder / "sam_vit_b.onnx", img_size=b.img_size, patch_size=b.patch_size,
-                                        embed_dim=b.embed_dim, depth=b.depth, num_heads=b.num_heads,
-                                        window_size=b.window_size, global_attn_indexes=b.global_attn_indexes,
-                                        out_chans=b.out_chans)
-        models["SAM ViT-B (1024px, random weights)"] = (path, b.num_heads, b.embed_dim)
+    b = sam_encoder.VARIANTS["vit_b"]
+    for wanted, size in ((vit_b_512, 512), (vit_b, b.img_size)):
+        if wanted:
+            path = sam_encoder.export_small(folder / f"sam_vit_b_{size}.onnx", img_size=size, patch_size=b.patch_size,
+                                            embed_dim=b.embed_dim, depth=b.depth, num_heads=b.num_heads,
+                                            window_size=b.window_size, global_attn_indexes=b.global_attn_indexes,
+                                            out_chans=b.out_chans)
+            models[f"SAM ViT-B ({size}px, random weights)"] = (path, b.num_heads, b.embed_dim)
     return models
 
 
@@ -198,6 +211,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-medium", action="store_true", help="skip the medium SAM (256px, 6 blocks)")
     parser.add_argument("--vit-b", action="store_true", help="add SAM ViT-B at 1024x1024 with random weights")
+    parser.add_argument("--vit-b-512", action="store_true", help="add SAM ViT-B's layers at 512x512 (random weights)")
     parser.add_argument("--model", help="time this encoder instead (with --heads and --hidden)")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
@@ -215,7 +229,8 @@ def main(argv=None) -> int:
         if args.model:
             models = {pathlib.Path(args.model).name: (pathlib.Path(args.model), args.heads, args.hidden)}
         else:
-            models = sam_models(pathlib.Path(tmp), medium=not args.no_medium, vit_b=args.vit_b)
+            models = sam_models(pathlib.Path(tmp), medium=not args.no_medium, vit_b=args.vit_b,
+                                    vit_b_512=args.vit_b_512)
         for name, (path, heads, hidden) in models.items():
             print(measure(name, path, heads, hidden, ep, args.runs, args.warmup, args.variants.split(",")),
                   end="\n\n", flush=True)

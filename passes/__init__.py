@@ -20,6 +20,7 @@ _MODULES = [
     "einsum",
     "transpose",
     "attention",
+    "window_layout",
     "linear_gemm",
     "copies",
 ]

@@ -17,35 +17,9 @@ from dmlopt.passes.einsum import EinsumPass
 from dmlopt.passes.transpose import TransposePass, transpose_count
 from dmlopt.pipeline import check_model, op_counts
 from dmlopt.validate import run, validate
+from tests.ir_text import Graph
 
 MHA = "com.microsoft.MultiHeadAttention"
-
-
-class Graph:
-    """A tiny graph builder: named nodes, numpy initializers."""
-
-    def __init__(self, seed=0):
-        self.nodes, self.inits, self.rng, self._n = [], [], np.random.default_rng(seed), 0
-
-    def const(self, value, dtype=np.float32):
-        self._n += 1
-        name = f"c{self._n}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def weight(self, *shape, scale=0.3):
-        return self.const(self.rng.standard_normal(shape) * scale)
-
-    def __call__(self, op, *inputs, **attrs):
-        self._n += 1
-        out = f"v{self._n}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], name=f"n{self._n}", **attrs))
-        return out
-
-    def model(self, inputs, output, opset=17, shape=None):
-        graph = helper.make_graph(self.nodes, "g", inputs, [helper.make_tensor_value_info(output, TensorProto.FLOAT,
-                                                                                          shape)], self.inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def hf_attention(batch=2, seq=5, kv_seq=None, heads=3, head=4, mask=None, k_perm="0231", scale_on="scores",

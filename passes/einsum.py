@@ -17,7 +17,9 @@ Rewrites:
      with no Transpose at all.  Among the layouts the one with the fewest Transposes of
      non-constant tensors wins (option ``einsum_layout=fewest-transposes``), or the one whose
      MatMul is a real matrix product rather than a batch of vector products
-     (``largest-matmul``; e.g. ``bhwc,wkc->bhwk`` is then two Transposes around a GEMM).
+     (``largest-matmul``; e.g. ``bhwc,wkc->bhwk`` is then two Transposes around a GEMM), or
+     per contraction by the size of its result (``by-size``: up to ``SMALL_CONTRACTION``
+     elements, fewest Transposes; above, the GEMM).
      A layout whose MatMul is a batch of 1x1 dot products is taken only when no other is
      possible.  Transposes and sums of constant operands are folded into new initializers.
   4. Three or more operands are contracted left to right, two at a time.
@@ -39,9 +41,11 @@ ViT-B's rel-pos shapes):
     (windowed) as fast lowered as through ORT's CPU Einsum (2 shared cores, two runs).
   - CUDA: ``keep``: ORT's CUDA Einsum beat every MatMul form on an H200 (lowered: x0.5-0.8).
   ``keep`` leaves every Einsum (the report says which ones the target runs on the CPU).
-  Layout default ``largest-matmul``: on the H200 the transpose-free batch of vector products
-  ran 5-11x slower than Transposes around a GEMM (on the CPU the two were within noise);
-  ``fewest-transposes`` stays for tuning on the target.
+  Layout default ``largest-matmul`` (CUDA, CPU): on the H200 the transpose-free batch of
+  vector products ran 5-11x slower than Transposes around a GEMM (on the CPU the two were
+  within noise).  DirectML: ``by-size``, vector products only for contractions of at most
+  ``SMALL_CONTRACTION`` elements, where ops, not bytes, cost (each Transpose is a copy in
+  DirectML's compiled graph); ``--tune`` measures all three on the target.
 """
 
 from __future__ import annotations
@@ -70,7 +74,14 @@ MATMUL_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.D
 SHARED_FOLD_LIMIT = 1 << 20
 # Beyond this many batch-region labels, only the three natural orders are tried.
 MAX_PERMUTED_BATCH = 5
-LAYOUTS = ("fewest-transposes", "largest-matmul")
+LAYOUTS = ("fewest-transposes", "largest-matmul", "by-size")
+# by-size: a lowered contraction whose result has at most this many elements takes the
+# fewest-transposes layout (there the cost is the number of ops, and a Transpose is one),
+# larger ones the GEMM.  Measured on an H200, whole SAM encoders with attention fused and
+# window layout kept (benchmarks/attention.py --ep cuda): rel-pos results of 1.5K elements
+# (64 px SAM) ran 3% faster as vector products, 18K-25K (256 px) 6% slower, 300K-400K
+# (ViT-B at 512 px) 42% slower, 0.8M-3M (ViT-B at 1024 px) 47% slower.
+SMALL_CONTRACTION = 1 << 12
 
 
 class Decline(Exception):
@@ -161,6 +172,9 @@ def drop_broadcast_labels(labels: list[list[str]], shapes: list[list[Dim]], size
 
 def choose_pair_layout(a: Operand, b: Operand, out: Sequence[str], sizes: dict[str, Dim], layout: str) -> PairLayout:
     """Pick batch/M/K/N regions and their orders for MatMul(left, right) (case 3)."""
+    if layout == "by-size":
+        elements = _product(sizes, out)
+        layout = LAYOUTS[0] if elements is not None and elements <= SMALL_CONTRACTION else LAYOUTS[1]
     best = None
     out_set = set(out)
     for left in (0, 1):
@@ -596,9 +610,10 @@ class EinsumPass(DmlPass):
                "outside its table), or keep them all",
                choices=("auto", "lower", "keep"), tunable=True,
                auto_default={"dml": "lower", "cuda": "keep", "cpu": "lower"}),
-        Option("einsum_layout", "auto", "layout of lowered Einsums: a real GEMM with Transposes around it, or "
-               "no Transpose and a batch of vector products", choices=("auto", *LAYOUTS), tunable=True,
-               auto_default={"dml": "largest-matmul", "cuda": "largest-matmul", "cpu": "largest-matmul"}),
+        Option("einsum_layout", "auto", "layout of lowered Einsums: a real GEMM with Transposes around it, "
+               "no Transpose and a batch of vector products, or by-size (vector products for small ones)",
+               choices=("auto", *LAYOUTS), tunable=True,
+               auto_default={"dml": "by-size", "cuda": "largest-matmul", "cpu": "largest-matmul"}),
     )
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:

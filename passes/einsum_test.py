@@ -89,6 +89,24 @@ def test_sam_width_term_largest_matmul_transposes_around_a_gemm():
     assert_same(proto, result.model, feeds_for(SAM_W_SHAPES, (1,)))
 
 
+@pytest.mark.parametrize("batch,expected", [(12, {"MatMul": 1, "Reshape": 2}),  # 12*5*7*6 = 2520 <= 4096
+                                            (120, {"MatMul": 1, "Transpose": 2})])  # 25200 elements: a GEMM
+def test_sam_width_term_by_size_takes_vector_products_only_when_small(batch, expected):
+    shapes = [(batch,) + SAM_W_SHAPES[0][1:], SAM_W_SHAPES[1]]
+    proto = einsum_model("bhwc,wkc->bhwk", shapes, consts=(1,))
+    result, p = lower(proto, layout="by-size")
+    assert computing_ops(result.model) == expected
+    assert_same(proto, result.model, feeds_for(shapes, (1,)))
+    assert "(by-size)" in p.sites[0].detail
+
+
+def test_by_size_is_the_directml_default_without_tuning():
+    proto = einsum_model("bhwc,wkc->bhwk", SAM_W_SHAPES, consts=(1,))
+    result, p = lower(proto, target="dml", layout="auto")
+    assert computing_ops(result.model) == {"MatMul": 1, "Reshape": 2}
+    assert any("einsum_layout=auto without tuning" in n and "by-size" in n for n in p.notes)
+
+
 @pytest.mark.parametrize("equation,shapes", [("bhwc,hkc->bhwk", SAM_SHAPES), ("bhwc,wkc->bhwk", SAM_W_SHAPES)])
 def test_sam_terms_with_a_symbolic_batch_need_no_shape_arithmetic(equation, shapes):
     proto = einsum_model(equation, shapes, consts=(1,), dims=[("B",) + shapes[0][1:], None])
@@ -222,7 +240,8 @@ def test_keep_leaves_every_einsum_and_says_which_the_target_runs_on_the_cpu():
     assert op_counts(result.model) == {"Einsum": 1} and "on the CPU" in p.sites[0].detail
 
 
-@pytest.mark.parametrize("target,expected", [("dml", {"MatMul": 1, "Transpose": 2}), ("cuda", {"Einsum": 1})])
+@pytest.mark.parametrize("target,expected", [("dml", {"MatMul": 1, "Reshape": 2}),  # by-size: small
+                                             ("cuda", {"Einsum": 1})])
 def test_pipeline_defaults_per_target(target, expected):
     """Through dmlopt.optimize, with the provider absent: auto -> the target's default (on the
     CPU the pipeline times both choices instead, so that target is not asserted here)."""
