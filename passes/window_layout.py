@@ -124,6 +124,12 @@ def _same_order(view: View, window: Window, channels: int) -> bool:
         and view.base_numel == math.prod(window.split(channels))
 
 
+def _moves_data(window: Window, channels: int) -> bool:
+    """False for a partition that is a plain Reshape (one window row or column, wh == 1...)."""
+    order, _ = window.order(channels)
+    return len(order) > 1
+
+
 # ** sites **
 
 @dataclasses.dataclass
@@ -229,7 +235,7 @@ def _as_partition(transpose: ir.Node, top: ir.Value, bottom: ir.Value, opset: in
         source = pad.inputs[0]
     natural, grid = static_shape(source), static_shape(padded)
     if natural is None or grid is None or len(natural) != 4 or len(grid) != 4 or bottom.producer() is None \
-            or bottom.producer().op_type == "Slice":
+            or bottom.producer().op_type == "Slice" or bottom.is_graph_output():
         return None
     try:
         _, view, _ = trace(bottom, stop=lambda v: v is padded, opset=opset)
@@ -239,7 +245,7 @@ def _as_partition(transpose: ir.Node, top: ir.Value, bottom: ir.Value, opset: in
     for wh in _divisors(grid[1]):
         for ww in _divisors(grid[2]):
             window = Window(batch, height, width, grid[1], grid[2], wh, ww)
-            if window.windows > batch and _same_order(view, window, channels):
+            if _moves_data(window, channels) and _same_order(view, window, channels):
                 return Partition(source, bottom, window, transpose)
     return None
 
@@ -262,7 +268,7 @@ def _as_merge(transpose: ir.Node, top: ir.Value, bottom: ir.Value, opset: int) -
     for wh in _divisors(grid[1]):
         for ww in _divisors(grid[2]):
             window = Window(batch, height, width, grid[1], grid[2], wh, ww)
-            if window.windows == batch:
+            if not _moves_data(window, channels):
                 continue
             # Merging is the inverse order: the windowed base read in natural order.
             inverse = View.contiguous(window.grouped(channels)).transpose(_inverse(PARTITION_PERM)) \
