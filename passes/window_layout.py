@@ -543,7 +543,8 @@ class WindowLayoutPass(DmlPass):
     order = 62.0
     options = (
         Option("window_layout", "auto", "keep tokens in window layout between windowed-attention blocks "
-               "(merge) or leave the export's merge/partition pairs (keep)",
+               "(merge), leave the export's merge/partition pairs (keep), or auto (time both on the target; "
+               "default without the target: merge for dml and cuda, keep for cpu)",
                choices=("auto", "merge", "keep"), tunable=True,
                auto_default={"dml": "merge", "cuda": "merge", "cpu": "keep"}),
     )
