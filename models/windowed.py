@@ -86,19 +86,21 @@ def mlp(g: Graph, x, c, decomposed_norm=False, activation="silu"):
 
 def windowed_model(b=1, h=8, w=8, c=6, ws=5, blocks="ww", spelling="sam", opset=17, tail="transpose",
                    decomposed_norm=False, activation="silu", between="none", seed=0):
-    """`blocks`: a letter a block, w windowed, g global (no partition).  `between` puts something
+    """`blocks`: a letter a block, w windowed, g global (no partition); `ws`: the window size, or one
+    per block.  `between` puts something
     after the first block: a position-dependent Add ("position"), an op that mixes tokens across
     windows ("token-mix"), or a second graph output ("output").  `tail`: "transpose" ends in
     SAM's neck layout (NCHW), "none" leaves the tokens as the output."""
     g = Graph(seed, opset)
     x = "x"
     extra_outputs = []
-    for i, kind in enumerate(blocks):
+    sizes = list(ws) if isinstance(ws, (list, tuple)) else [ws] * len(blocks)
+    for i, (kind, size) in enumerate(zip(blocks, sizes)):
         shortcut = x
         n = norm(g, x, c, decomposed_norm)
         if kind == "w":
-            p, padded = partition(g, n, b, h, w, c, ws, spelling)
-            a = unpartition(g, mix_tokens(g, p, c), b, h, w, c, ws, padded, spelling)
+            p, padded = partition(g, n, b, h, w, c, size, spelling)
+            a = unpartition(g, mix_tokens(g, p, c), b, h, w, c, size, padded, spelling)
         else:
             a = g("Reshape", mix_tokens(g, g("Reshape", n, g.const([b, h * w, c], np.int64)), c),
                   g.const([b, h, w, c], np.int64))

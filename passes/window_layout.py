@@ -100,10 +100,14 @@ class Window:
         s = self.split(channels)
         return [s[i] for i in PARTITION_PERM]
 
-    def order(self, channels: int) -> tuple[list, int]:
+    def order(self, channels: int) -> list:
         """Element order of the windowed tokens over the padded natural tensor (row-major)."""
-        view = View.contiguous(self.split(channels)).transpose(PARTITION_PERM)
-        return merge_contiguous(view.subdims()), view.offset
+        return merge_contiguous(View.contiguous(self.split(channels)).transpose(PARTITION_PERM).subdims())
+
+    def merge_order(self, channels: int) -> list:
+        """Element order of the padded natural tokens over the windowed tensor."""
+        view = View.contiguous(self.grouped(channels)).transpose(_inverse(PARTITION_PERM))
+        return merge_contiguous(view.subdims())
 
     def mask(self) -> np.ndarray:
         """True on real tokens, False on padding, in window layout (windows, wh, ww, 1)."""
@@ -118,16 +122,20 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _same_order(view: View, window: Window, channels: int) -> bool:
-    order, offset = window.order(channels)
-    return merge_contiguous(view.subdims()) == order and view.offset == offset \
-        and view.base_numel == math.prod(window.split(channels))
+def _windows_over(natural: list[int], grid: list[int]):
+    """Every window geometry over the padded (B, Hp, Wp, C) grid whose partition moves data
+    (not one window row or column: that partition is a plain Reshape)."""
+    batch, height, width, channels = natural
+    for wh in _divisors(grid[1]):
+        for ww in _divisors(grid[2]):
+            window = Window(batch, height, width, grid[1], grid[2], wh, ww)
+            if len(window.order(channels)) > 1:
+                yield window
 
 
-def _moves_data(window: Window, channels: int) -> bool:
-    """False for a partition that is a plain Reshape (one window row or column, wh == 1...)."""
-    order, _ = window.order(channels)
-    return len(order) > 1
+def _in_order(view: View, order: list, numel: int) -> bool:
+    """The view reads all `numel` elements of its base in `order`."""
+    return view.offset == 0 and view.base_numel == numel and merge_contiguous(view.subdims()) == order
 
 
 # ** sites **
@@ -237,17 +245,8 @@ def _as_partition(transpose: ir.Node, top: ir.Value, bottom: ir.Value, opset: in
     if natural is None or grid is None or len(natural) != 4 or len(grid) != 4 or bottom.producer() is None \
             or bottom.producer().op_type == "Slice" or bottom.is_graph_output():
         return None
-    try:
-        _, view, _ = trace(bottom, stop=lambda v: v is padded, opset=opset)
-    except NotAView:
-        return None
-    batch, height, width, channels = natural
-    for wh in _divisors(grid[1]):
-        for ww in _divisors(grid[2]):
-            window = Window(batch, height, width, grid[1], grid[2], wh, ww)
-            if _moves_data(window, channels) and _same_order(view, window, channels):
-                return Partition(source, bottom, window, transpose)
-    return None
+    window = _geometry(bottom, padded, natural, grid, Window.order, opset)
+    return Partition(source, bottom, window, transpose) if window is not None else None
 
 
 def _as_merge(transpose: ir.Node, top: ir.Value, bottom: ir.Value, opset: int) -> Merge | None:
@@ -260,23 +259,19 @@ def _as_merge(transpose: ir.Node, top: ir.Value, bottom: ir.Value, opset: int) -
     if grid is None or natural is None or len(grid) != 4 or len(natural) != 4 or static_shape(top) is None:
         return None
     uncropped = crop.inputs[0] if cropped else bottom
+    window = _geometry(uncropped, top, natural, grid, Window.merge_order, opset)
+    return Merge(top, bottom, window, transpose) if window is not None else None
+
+
+def _geometry(value: ir.Value, base: ir.Value, natural: list[int], grid: list[int], order_of, opset: int
+              ) -> Window | None:
+    """The window geometry in whose `order_of(window, channels)` `value` reads `base`, if any."""
     try:
-        _, view, _ = trace(uncropped, stop=lambda v: v is top, opset=opset)
+        _, view, _ = trace(value, stop=lambda v: v is base, opset=opset)
     except NotAView:
         return None
-    batch, height, width, channels = natural
-    for wh in _divisors(grid[1]):
-        for ww in _divisors(grid[2]):
-            window = Window(batch, height, width, grid[1], grid[2], wh, ww)
-            if not _moves_data(window, channels):
-                continue
-            # Merging is the inverse order: the windowed base read in natural order.
-            inverse = View.contiguous(window.grouped(channels)).transpose(_inverse(PARTITION_PERM)) \
-                .reshape([batch, grid[1], grid[2], channels])
-            if merge_contiguous(view.subdims()) == merge_contiguous(inverse.subdims()) and view.offset == 0 \
-                    and view.base_numel == math.prod(grid):
-                return Merge(top, bottom, window, transpose)
-    return None
+    numel, channels = math.prod(grid), natural[3]
+    return next((w for w in _windows_over(natural, grid) if _in_order(view, order_of(w, channels), numel)), None)
 
 
 def _inverse(perm: list[int]) -> list[int]:
@@ -482,9 +477,12 @@ def apply_plan(graph: ir.Graph, plan: Plan) -> None:
     build = _Builder(graph)
     # Who reads each windowed value in natural layout, fixed before any input is replaced.
     natural_uses = {}
-    partitions = {p.source: p for p in plan.partitions if p.source in windowed}
+    partitions: dict[ir.Value, list[Partition]] = {}
+    for p in plan.partitions:
+        if p.source in windowed:
+            partitions.setdefault(p.source, []).append(p)
     for value in windowed:
-        partition_nodes = {p.end.producer() for p in plan.partitions if p.source is value}
+        partition_nodes = {p.end.producer() for p in partitions.get(value, [])}
         natural_uses[value] = [u for u in value.uses()
                                if not (u.node in plan.per_token and u.node.outputs[0] in windowed
                                        and u.idx in plan.per_token[u.node])
@@ -492,6 +490,7 @@ def apply_plan(graph: ir.Graph, plan: Plan) -> None:
     merge_of = {m.end: m for m in plan.merges}
     window_form: dict[ir.Value, ir.Value] = {}
     converted: dict[ir.Value, ir.Value] = {}
+    mask = None
 
     def windowed_form(value: ir.Value) -> ir.Value:
         if value in window_form:
@@ -516,15 +515,16 @@ def apply_plan(graph: ir.Graph, plan: Plan) -> None:
     for value in windowed:
         form = window_form[value]
         if value in partitions:  # case 2: P(x) -> Where(mask, x_w, 0)
-            p = partitions[value]
             masked = form
             if window.padded:
+                if mask is None:
+                    mask = build.tensor(window.mask())
                 zero = build.tensor(np.zeros((), dtype=value.dtype.numpy()))
-                masked = build.node("Where", [build.tensor(window.mask()), form, zero],
-                                    shape=list(form.shape.dims), dtype=value.dtype)
-            replacement = build.reshape(masked, static_shape(p.end))
-            for use in list(p.end.uses()):
-                use.node.replace_input_with(use.idx, replacement)
+                masked = build.node("Where", [mask, form, zero], shape=list(form.shape.dims), dtype=value.dtype)
+            for p in partitions[value]:  # every window reader of this value (two attentions may share it)
+                replacement = build.reshape(masked, static_shape(p.end))
+                for use in list(p.end.uses()):
+                    use.node.replace_input_with(use.idx, replacement)
         uses = natural_uses[value]
         if uses and value not in merge_of:  # case 3: a natural reader gets one new U
             natural = build.merge(form, window)
@@ -554,33 +554,18 @@ class WindowLayoutPass(DmlPass):
             return ir.passes.PassResult(model, False)
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
         common_passes.ShapeInferencePass(strict_mode=False)(model)
-        partitions, merges = find_sites(model.graph, opset)
-        if not partitions and not merges:
-            return ir.passes.PassResult(model, False)
         before = transpose_count(model)
         backup = model.clone()
-        changed = False
-        for window in sorted({s.window for s in partitions + merges}, key=dataclasses.astuple):
-            group_p = [p for p in partitions if p.window == window]
-            group_m = [m for m in merges if m.window == window]
-            plan = plan_group(model.graph, window, group_p, group_m, opset)
-            where = f"windows {window.wh}x{window.ww} over {window.height}x{window.width} tokens"
-            if plan.cost >= plan.sites or not plan.windowed:
-                for site in group_p + group_m:
-                    self.kept(site.transpose, f"{where}: merging would not save a conversion "
-                                              f"({plan.sites} -> {plan.cost})")
-                continue
-            apply_plan(model.graph, plan)
-            changed = True
-            merged = [s for s in group_p if s.source in plan.windowed] + \
-                     [s for s in group_m if s.end in plan.windowed]
-            for site in merged:
-                self.rewrote(site.transpose, f"{where}: {'partition' if isinstance(site, Partition) else 'merge'} "
-                                             f"absorbed ({plan.sites} conversions -> {plan.cost})")
-            self.note(f"{where}: {len(plan.windowed)} values kept in window layout, conversions "
-                      f"{plan.sites} -> {plan.cost}" + (f"; per-token ops there also run on "
-                                                        f"{window.padded_h * window.padded_w - window.height * window.width}"
-                                                        f" padded tokens" if window.padded else ""))
+        changed, done = False, set()
+        while True:  # one geometry at a time; sites are found again after each rewrite
+            partitions, merges = find_sites(model.graph, opset)
+            pending = sorted({s.window for s in partitions + merges} - done, key=dataclasses.astuple)
+            if not pending:
+                break
+            window = pending[0]
+            done.add(window)
+            changed |= self._merge(model, window, [p for p in partitions if p.window == window],
+                                   [m for m in merges if m.window == window], opset)
         if not changed:
             return ir.passes.PassResult(model, False)
         remove_unused_nodes(model)
@@ -597,3 +582,22 @@ class WindowLayoutPass(DmlPass):
             return ir.passes.PassResult(model, False)
         self.note(f"Transposes: {before} -> {after}")
         return ir.passes.PassResult(model, True)
+
+    def _merge(self, model: ir.Model, window: Window, partitions: list[Partition], merges: list[Merge],
+               opset: int) -> bool:
+        """Plan and apply one geometry's cut (case 3); report its sites."""
+        plan = plan_group(model.graph, window, partitions, merges, opset)
+        where = f"windows {window.wh}x{window.ww} over {window.height}x{window.width} tokens"
+        if plan.cost >= plan.sites or not plan.windowed:
+            for site in partitions + merges:
+                self.kept(site.transpose, f"{where}: merging would not save a conversion ({plan.sites} -> {plan.cost})")
+            return False
+        merged = [s for s in partitions if s.source in plan.windowed] + [s for s in merges if s.end in plan.windowed]
+        apply_plan(model.graph, plan)
+        for site in merged:
+            kind = "partition" if isinstance(site, Partition) else "merge"
+            self.rewrote(site.transpose, f"{where}: {kind} absorbed ({plan.sites} conversions -> {plan.cost})")
+        padded = window.padded_h * window.padded_w - window.height * window.width
+        self.note(f"{where}: {len(plan.windowed)} values kept in window layout, conversions {plan.sites} -> "
+                  f"{plan.cost}" + (f"; per-token ops there also run on {padded} padded tokens" if padded else ""))
+        return True

@@ -87,6 +87,15 @@ def test_global_block_between_windowed_ones_stays_natural():
     assert_same(model, result.model, [1, 8, 8, 6])
 
 
+def test_two_window_sizes_over_the_same_tokens_merge_each_pair():
+    """Geometries are solved one at a time, sites found again after each rewrite."""
+    proto = windowed_model(blocks="wwww", ws=(4, 4, 3, 3), h=7, w=9)
+    model, result, p = optimize(proto)
+    assert transpose_count(model) == 9 and transpose_count(result.model) == 5
+    assert sum("conversions 4 -> 2" in n for n in p.notes) == 2
+    assert_same(model, result.model, [1, 7, 9, 6])
+
+
 def test_opset11_layernorm_decomposition_is_per_token():
     proto = windowed_model(decomposed_norm=True, opset=13)
     model, result, _ = optimize(proto)
@@ -188,3 +197,22 @@ def test_a_partition_that_moves_no_data_is_not_a_site():
     model, result, _ = optimize(windowed_model(h=4, w=2, c=1, ws=2, spelling="einops", opset=13,
                                                decomposed_norm=True))
     assert not result.modified
+
+
+def test_two_window_readers_of_one_value_both_get_the_masked_windows():
+    """Two attentions partition the same LayerNorm output: both partitions are replaced."""
+    g = Graph(3)
+    b, h, w, c, ws = 1, 7, 7, 4, 4
+    x = "x"
+    for _ in range(2):
+        n = g("LayerNormalization", x, g.weight(c), g.weight(c), axis=-1)
+        branches = []
+        for _ in range(2):
+            p, padded = partition(g, n, b, h, w, c, ws)
+            branches.append(unpartition(g, mix_tokens(g, p, c), b, h, w, c, ws, padded))
+        x = g("Add", g("Add", x, branches[0]), branches[1])
+    x = g("Relu", x)  # the output's producer reads one merged value (an Add of two would need two)
+    proto = g.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, h, w, c])], x, shape=[b, h, w, c])
+    model, result, _ = optimize(proto)
+    assert transpose_count(model) == 8 and transpose_count(result.model) == 2
+    assert_same(model, result.model, [b, h, w, c])

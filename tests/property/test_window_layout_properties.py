@@ -24,8 +24,10 @@ def windowed_cases(draw):
         ws = max(2, min(h, w) - 1) if max(h, w) > 2 else 2
         h, w = max(h, ws + 1), max(w, ws + 1)
     opset = draw(st.sampled_from([13, 17, 18]))
-    args = dict(b=draw(st.integers(1, 2)), h=h, w=w, c=draw(st.integers(1, 6)), ws=ws,
-                blocks=draw(BLOCKS), spelling=draw(st.sampled_from(SPELLINGS)),
+    blocks = draw(BLOCKS)
+    if draw(st.integers(0, 3)) == 0:  # a window size per block (two geometries over one grid)
+        ws = tuple(draw(st.integers(2, 5)) for _ in blocks)
+    args = dict(b=draw(st.integers(1, 2)), h=h, w=w, c=draw(st.integers(1, 6)), ws=ws, blocks=blocks, spelling=draw(st.sampled_from(SPELLINGS)),
                 opset=opset, tail=draw(st.sampled_from(["transpose", "none"])),
                 decomposed_norm=opset < 17 or draw(st.booleans()), activation=draw(st.sampled_from(ACTIVATIONS)),
                 between=draw(st.sampled_from(("none",) * 3 + BETWEEN)), seed=draw(st.integers(0, 2**16)))
@@ -47,5 +49,5 @@ def test_window_layout_pass_keeps_numerics():
         run_case(case, "window-layout", outcomes, then=fewer_transposes_or_unchanged)
 
     prop()
-    outcomes.require(100)
+    outcomes.require(80)
     outcomes.require(30, of="declined")
