@@ -331,6 +331,8 @@ def token_inputs(node: ir.Node, window: Window, opset: int) -> list[int] | None:
 
 @dataclasses.dataclass
 class Plan:
+    """One geometry's cut: which values move to window layout, and at how many conversions."""
+
     window: Window
     windowed: set[ir.Value]  # natural-shaped values that move to window layout
     partitions: list[Partition]
@@ -414,7 +416,8 @@ def _feeds_partition(node: ir.Node, partition_nodes: set[ir.Node]) -> bool:
 # ** the rewrite **
 
 class _Builder:
-    """New nodes go in front of a node that reads them; `graph.sort()` settles the order."""
+    """Makes the new nodes (typed and shaped, for the passes after); `flush` adds them to the
+    graph, whose `sort()` puts each before its readers."""
 
     def __init__(self, graph: ir.Graph):
         self.graph = graph
