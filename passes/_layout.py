@@ -208,7 +208,7 @@ def static_shape(value: ir.Value | None) -> list[int] | None:
     return list(value.shape.dims)
 
 
-def _const_ints(value: ir.Value | None) -> list[int] | None:
+def const_ints(value: ir.Value | None) -> list[int] | None:
     if value is None or value.const_value is None:
         return None
     return [int(v) for v in value.const_value.numpy().reshape(-1)]
@@ -230,7 +230,7 @@ def step(node: ir.Node, view: View, output_index: int = 0, opset: int = 17) -> V
         perm = node.attributes.get_ints("perm", None)
         return view.transpose(list(perm) if perm is not None else list(reversed(range(rank))))
     if op_type in ("Squeeze", "Unsqueeze"):
-        axes = _const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+        axes = const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
         if axes is None:
             attr = node.attributes.get_ints("axes", None)
             axes = list(attr) if attr is not None else None
@@ -242,7 +242,7 @@ def step(node: ir.Node, view: View, output_index: int = 0, opset: int = 17) -> V
         out_rank = rank + len(axes)
         return view.unsqueeze([a % out_rank for a in axes])
     if op_type == "Gather":
-        index = _const_ints(node.inputs[1])
+        index = const_ints(node.inputs[1])
         if index is None or len(index) != 1:
             raise NotAView("Gather of a non-constant or several indices")
         axis = node.attributes.get_int("axis", 0) % rank
@@ -264,9 +264,9 @@ def step(node: ir.Node, view: View, output_index: int = 0, opset: int = 17) -> V
             axes = list(node.attributes.get_ints("axes", range(len(starts))))
             steps = [1] * len(starts)
         else:
-            starts = _const_ints(node.inputs[1])
-            axes = _const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
-            steps = _const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+            starts = const_ints(node.inputs[1])
+            axes = const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+            steps = const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
             if starts is None:
                 raise NotAView("Slice starts not constant")
             axes = axes if axes is not None else list(range(len(starts)))

@@ -111,7 +111,7 @@ def _opset(context) -> int:
     return context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 17))
 
 
-def _reduce_axes(node: ir.Node, opset: int) -> list[int] | None:
+def reduce_axes(node: ir.Node, opset: int) -> list[int] | None:
     """The constant axes of a reduction (attribute before opset 18/13, input after); None: not constant."""
     rank = _rank(node.inputs[0])
     if rank is None:
@@ -202,7 +202,7 @@ def _softmax_axis(node: ir.Node, perm: list[int], opset: int) -> int | None:
 
 def _reduced_perm(node: ir.Node, perm: list[int], opset: int) -> list[int] | None:
     """Permutation left after Reduce(Transpose(x, perm)) becomes Transpose(Reduce(x, perm[axes]))."""
-    axes = _reduce_axes(node, opset)
+    axes = reduce_axes(node, opset)
     if axes is None:
         return None
     if node.attributes.get_int("keepdims", 1):
@@ -379,7 +379,7 @@ class SinkTranspose(_TransposeRule):
             if self._axis is None:
                 return self.decline(None, "softmax axis has no equivalent before opset 13")
         else:
-            axes = _reduce_axes(node, opset)
+            axes = reduce_axes(node, opset)
             after = _reduced_perm(node, perm, opset)
             if axes is None or after is None:
                 return self.decline(None, "reduction axes not constant")

@@ -55,8 +55,8 @@ import onnx_ir.passes.common as common_passes
 import onnxscript.rewriter.rules.common as onnxscript_rules
 
 from dmlopt.passes._base import DmlPass, Option, apply_rules, remove_unused_nodes, restore
-from dmlopt.passes._layout import CollapseLayoutChain, NotAView, View, merge_contiguous, static_shape, trace
-from dmlopt.passes.transpose import BINARY, REDUCE, SOFTMAX, UNARY, transpose_count
+from dmlopt.passes._layout import CollapseLayoutChain, NotAView, View, const_ints, merge_contiguous, static_shape, trace
+from dmlopt.passes.transpose import BINARY, REDUCE, SOFTMAX, UNARY, inverse, reduce_axes, transpose_count
 
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 ELEMENTWISE = frozenset(UNARY + BINARY + ("Where", "PRelu", "Gelu", "Clip"))
@@ -106,7 +106,7 @@ class Window:
 
     def merge_order(self, channels: int) -> list:
         """Element order of the padded natural tokens over the windowed tensor."""
-        view = View.contiguous(self.grouped(channels)).transpose(_inverse(PARTITION_PERM))
+        view = View.contiguous(self.grouped(channels)).transpose(inverse(PARTITION_PERM))
         return merge_contiguous(view.subdims())
 
     def mask(self) -> np.ndarray:
@@ -183,17 +183,11 @@ def _walk_down(value: ir.Value) -> ir.Value:
     return value
 
 
-def _ints(value: ir.Value | None) -> list[int] | None:
-    if value is None or value.const_value is None:
-        return None
-    return [int(v) for v in value.const_value.numpy().reshape(-1)]
-
-
 def _zero_pad_bottom_right(node: ir.Node) -> bool:
     """A constant-mode Pad of zeros at the end of axes 1 and 2 only (rank 4)."""
     if node.attributes.get_string("mode", "constant") != "constant" or len(node.inputs) < 2:
         return False
-    pads = _ints(node.inputs[1])
+    pads = const_ints(node.inputs[1])
     if pads is None or len(pads) != 8 or any(pads[:4]) or pads[4] or pads[7] or min(pads) < 0:
         return False
     if len(node.inputs) > 2 and node.inputs[2] is not None:
@@ -205,9 +199,9 @@ def _zero_pad_bottom_right(node: ir.Node) -> bool:
 
 def _crop_top_left(node: ir.Node) -> bool:
     """A Slice that keeps [0, n) on axes 1 and 2 with step 1 (what window_unpartition does)."""
-    starts = _ints(node.inputs[1])
-    axes = _ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
-    steps = _ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+    starts = const_ints(node.inputs[1])
+    axes = const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    steps = const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
     if starts is None or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None) \
             or (len(node.inputs) > 4 and node.inputs[4] is not None and steps is None):
         return False
@@ -274,13 +268,6 @@ def _geometry(value: ir.Value, base: ir.Value, natural: list[int], grid: list[in
     return next((w for w in _windows_over(natural, grid) if _in_order(view, order_of(w, channels), numel)), None)
 
 
-def _inverse(perm: list[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
-
-
 # ** per-token ops (case 2) **
 
 def _channel_only(value: ir.Value | None) -> bool:
@@ -317,13 +304,8 @@ def token_inputs(node: ir.Node, window: Window, opset: int) -> list[int] | None:
     if op in SOFTMAX:
         return tokens if node.attributes.get_int("axis", -1 if opset >= 13 else 1) in last else None
     if op in REDUCE:
-        if node.attributes.get_int("keepdims", 1) != 1 or tokens != [0]:
-            return None
-        axes = _ints(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
-        if axes is None:
-            attr = node.attributes.get_ints("axes", None)
-            axes = list(attr) if attr is not None else None
-        return tokens if axes is not None and {a % 4 for a in axes} == {3} else None
+        keeps = node.attributes.get_int("keepdims", 1) == 1
+        return tokens if keeps and tokens == [0] and reduce_axes(node, opset) == [3] else None
     return None
 
 
@@ -459,7 +441,7 @@ class _Builder:
     def merge(self, value: ir.Value, window: Window) -> ir.Value:
         channels = static_shape(value)[3]
         x = self.reshape(value, window.grouped(channels))
-        x = self.node("Transpose", [x], {"perm": _inverse(PARTITION_PERM)}, shape=window.split(channels),
+        x = self.node("Transpose", [x], {"perm": inverse(PARTITION_PERM)}, shape=window.split(channels),
                       dtype=value.dtype)
         x = self.reshape(x, [window.batch, window.padded_h, window.padded_w, channels])
         if window.padded:
