@@ -216,3 +216,14 @@ def test_two_window_readers_of_one_value_both_get_the_masked_windows():
     model, result, _ = optimize(proto)
     assert transpose_count(model) == 8 and transpose_count(result.model) == 2
     assert_same(model, result.model, [b, h, w, c])
+
+
+def test_dynamo_export_merges_its_windowed_pair_too(tmp_path):
+    """torch's dynamo exporter (opset 18, its own spelling of the partitions), dynamic batch frozen."""
+    sam_encoder = pytest.importorskip("models.sam_encoder")
+    model = dmlopt.load(sam_encoder.export_dynamo(tmp_path / "sam_dynamo.onnx", dynamic_batch=True))
+    result = dmlopt.optimize(model, target="dml", dims={"batch": 1}, retime=False)
+    assert result.passed
+    window = next(p for p in result.report.to_dict()["passes"] if p["name"] == "window-layout")
+    assert window["op_counts_after"]["Transpose"] == window["op_counts_before"]["Transpose"] - 2
+    assert window["op_counts_after"].get("Where", 0) == 2
