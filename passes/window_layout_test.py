@@ -227,3 +227,12 @@ def test_dynamo_export_merges_its_windowed_pair_too(tmp_path):
     window = next(p for p in result.report.to_dict()["passes"] if p["name"] == "window-layout")
     assert window["op_counts_after"]["Transpose"] == window["op_counts_before"]["Transpose"] - 2
     assert window["op_counts_after"].get("Where", 0) == 2
+
+
+def test_bundled_sam_in_float16_keeps_the_masked_windows_valid():
+    """The fp16 pass after window-layout converts the Where's zero with the rest."""
+    from dmlopt.demo import bundled_path
+    result = dmlopt.optimize(dmlopt.load(bundled_path("sam_small.onnx")), target="dml", fp16=True, retime=False)
+    assert result.passed
+    counts = result.report.output["op_counts"]
+    assert counts["Where"] == 2 and counts["Transpose"] <= 8
