@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import dmlopt
 from dmlopt.passes import PassContext
