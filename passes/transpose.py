@@ -25,6 +25,10 @@ Rewrites (p, q: permutations; ``q.p`` their composition):
      Reshapes -> ``Reshape(x)`` (``CollapseLayoutChain``, static shapes; passes/_layout.py);
      the Reshape that may follow merges in (onnxscript's ``reshape_reshape_rule``).
 
+  8. ``Transpose(Conv1x1(Transpose(x, (0, 3, 1, 2)), W, B), (0, 2, 3, 1))`` -> ``MatMul(x, W') + B``:
+     a pointwise Conv between channels-last Transposes (HF SAM's neck, LayerNorm2d as
+     permute/LayerNorm/permute) is a MatMul on the channels-last tensor (any spatial rank).
+
 The pass counts Transposes (every graph) before and after; if a run would end with more,
 it is undone (``restore``) and the report says so.
 """
@@ -337,6 +341,44 @@ class TransposedMatMul2D(_TransposeRule):
         return op.Gemm(b, a, transA=1, transB=1)
 
 
+class PointwiseConvBetweenTransposes(_TransposeRule):
+    """``Transpose(Conv1x1(Transpose(x, to_channels_first), W, B), back)`` -> ``MatMul(x, W') + B`` (case 8)."""
+
+    def pattern(self, op, x, w):
+        inner = op.Transpose(x, _outputs=["inner"])
+        return op.Transpose(op.Conv(inner, w, _allow_other_inputs=True, _outputs=["conv"]), _outputs=["out"])
+
+    def check(self, context, x, w, inner, conv, out, **_):
+        node = conv.producer()
+        weight = _constant(w)
+        rank = _rank(x)
+        if weight is None or rank is None or rank < 3 or weight.ndim != rank:
+            return self.decline(None, "weight not constant or rank unknown")
+        channels_first = [0, rank - 1, *range(1, rank - 1)]
+        if perm_of(inner.producer()) != channels_first or perm_of(out.producer()) != inverse(channels_first):
+            return self.decline(None, "not a channels-last -> channels-first -> channels-last sandwich")
+        if not _single_use(inner) or not _single_use(conv):
+            return self.decline(node, "the channels-first values are read elsewhere")
+        attrs = node.attributes
+        if any(d != 1 for d in weight.shape[2:]) or attrs.get_int("group", 1) != 1 \
+                or any(v != 1 for v in attrs.get_ints("strides", [1])) or any(attrs.get_ints("pads", [0])) \
+                or attrs.get_string("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return self.decline(node, "not a 1x1 Conv (stride 1, no padding, one group)")
+        if len(node.inputs) > 2 and node.inputs[2] is not None and _constant(node.inputs[2]) is None:
+            return self.decline(node, "bias not constant")
+        return pattern.MatchResult()
+
+    def rewrite(self, op, x, w, inner, conv, out, **_):
+        node = conv.producer()
+        weight = _constant(w)
+        matrix = np.ascontiguousarray(weight.reshape(weight.shape[0], weight.shape[1]).T)
+        self.accepted(node, "1x1 Conv between channels-last Transposes: MatMul on the channels-last tensor")
+        y = op.MatMul(x, op.initializer(ir.tensor(matrix), name=_new_initializer_name(node.graph, w.name)))
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            y = op.Add(y, node.inputs[2])
+        return y
+
+
 class SinkTranspose(_TransposeRule):
     """``U(Transpose(x, p))`` -> ``Transpose(U'(x), p)`` when that leads to a removal (cases 5, 6)."""
 
@@ -453,7 +495,7 @@ class TransposePass(DmlPass):
                  FoldConstantTranspose.rule(self), SizeOneTransposeToReshape.rule(self),
                  GemmTransposedInput.rule(self, 0), GemmTransposedInput.rule(self, 1),
                  MatMul2DTransposedInput.rule(self, 0), MatMul2DTransposedInput.rule(self, 1),
-                 TransposedMatMul2D.rule(self),
+                 TransposedMatMul2D.rule(self), PointwiseConvBetweenTransposes.rule(self),
                  CollapseLayoutChain.rule(self, "Transpose"), CollapseLayoutChain.rule(self, "Reshape"),
                  onnxscript_rules.reshape_reshape_rule,
                  fused_matmul.TransposeMatMul1.rule(), fused_matmul.TransposeMatMul2.rule(),

@@ -404,3 +404,49 @@ def sam_small_cleaned():
     path = importlib.resources.files("dmlopt.data") / "sam_small.onnx"
     original = dmlopt.load(str(path))
     return original, dmlopt.optimize(original, passes="cleanup", validate=False).model
+
+
+# ** case 8: a pointwise Conv between channels-last Transposes **
+
+def neck(kernel=1, group=1, bias=True, read_inner=False, rank=4):
+    """HF SAM's neck: tokens (B, H, W, C) -> NCHW -> Conv -> back to channels-last (for LayerNorm2d)."""
+    c, m = 4, 6
+    spatial = [5, 7, 3][:rank - 2]
+    to_first = [0, rank - 1, *range(1, rank - 1)]
+    to_last = [0, *range(2, rank), 1]
+    dims = ", ".join(str(d) for d in spatial)
+    extra = ", b" if bias else ""
+    pads = ", ".join([str(kernel // 2)] * (2 * (rank - 2)))
+    conv_attrs = f"group = {group}, kernel_shape = [{', '.join([str(kernel)] * (rank - 2))}], pads = [{pads}]"
+    side = "\n      side = Relu(t)" if read_inner else ""
+    outputs = ", float[1, " + str(c) + ", " + dims + "] side" if read_inner else ""
+    text = f"""
+    g (float[1, {dims}, {c}] x) => (float[1, {dims}, {m}] y{outputs}) {{
+      t = Transpose<perm = {to_first}>(x)
+      z = Conv<{conv_attrs}>(t, w{extra}){side}
+      y = Transpose<perm = {to_last}>(z)
+    }}
+    """
+    inits = {"w": RNG.standard_normal([m, c // group] + [kernel] * (rank - 2)).astype(np.float32)}
+    if bias:
+        inits["b"] = RNG.standard_normal([m]).astype(np.float32)
+    return parse(text, inits)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rank", [3, 4, 5])
+def test_pointwise_conv_between_channels_last_transposes_is_a_matmul(bias, rank):
+    proto = neck(bias=bias, rank=rank)
+    result, p = optimize(proto)
+    assert ops(result.model) == (["MatMul", "Add"] if bias else ["MatMul"])
+    assert_same(proto, result.model)
+    assert any(s.action == "rewrote" and "1x1 Conv" in s.detail for s in p.sites)
+
+
+@pytest.mark.parametrize("kwargs", [{"kernel": 3}, {"group": 2}, {"read_inner": True}])
+def test_conv_that_is_not_pointwise_or_whose_input_is_shared_stays(kwargs):
+    proto = neck(**kwargs)
+    result, p = optimize(proto)
+    assert "Conv" in ops(result.model) and transpose_count(result.model) == 2
+    if "read_inner" not in kwargs:  # (a shared input does not even match the pattern)
+        assert any(s.action == "declined" and "not a 1x1 Conv" in s.detail for s in p.sites)
