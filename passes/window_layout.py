@@ -1,7 +1,7 @@
 """window-layout: keep tokens in window layout between consecutive windowed-attention blocks.
 
-Why: windowed attention (SAM's image encoder, Swin-style ViTs) cuts its (B, H, W, C) tokens
-into windows before each windowed block and merges them back after it.  Between two such
+Why: windowed attention (SAM's image encoder and other ViTDet-style backbones) cuts its
+(B, H, W, C) tokens into windows before each windowed block and merges them back after it.  Between two such
 blocks only per-token ops run (residual Add, LayerNorm, MLP), so the merge and the next
 partition undo each other: two full-tensor Transposes (copies on DirectML), a Slice and a Pad
 per pair of blocks, for nothing.
