@@ -108,6 +108,9 @@ class FreezeShapesPass(DmlPass):
             self._freeze_declared(model, shapes, values)
             infer_shapes(model)
         after = _census(model)
+        if not shapes and not dims and after.computing == before.computing:  # case 7, nothing folded
+            restore(model, backup)
+            return ir.passes.PassResult(model, False)
         self._report(model, before, after, undone)
         modified = self._inputs_changed or (before.nodes, before.dynamic) != (after.nodes, after.dynamic)
         return ir.passes.PassResult(model, modified)
@@ -544,6 +547,7 @@ def _merge(ours: ir.Shape | None, theirs: ir.Shape | None) -> tuple[ir.Shape | N
 @dataclasses.dataclass
 class _Census:
     nodes: int
+    computing: int  # nodes other than Constant (lifting those to initializers changes nothing)
     shape_ops: int
     ifs: int
     if_names: set
@@ -554,7 +558,8 @@ class _Census:
 def _census(model: ir.Model) -> _Census:
     nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
     dynamic = [v for g in model.graphs() for v in _graph_values(g) if not is_static(v)]
-    return _Census(len(nodes), sum(n.op_type in ("Shape", "Size") for n in nodes),
+    return _Census(len(nodes), sum(n.op_type != "Constant" for n in nodes),
+                   sum(n.op_type in ("Shape", "Size") for n in nodes),
                    sum(n.op_type == "If" for n in nodes), {n.name for n in nodes if n.op_type == "If" and n.name},
                    len(dynamic), [f"{v.name} {show_shape(v.shape)}" for v in dynamic[:3]])
 

@@ -135,6 +135,21 @@ def test_static_model_still_folds_the_pad_arithmetic_the_export_kept():
     assert_same_outputs(model, frozen, {"x": feed([1, 3, 3, 2])})
 
 
+def test_static_model_with_nothing_to_fold_is_left_as_it_was():
+    model = text("""
+    g (float[1, 4] a, float[1, 4] b) => (float[1, 4] y) {
+      c = Constant<value = float[4] {1, 2, 3, 4}>()
+      s = Add(a, c)
+      y = Mul(s, b)
+    }
+    """)
+    work = model.clone()
+    p = FreezeShapesPass(PassContext())
+    result = p(work)
+    assert result.modified is False and not p.sites
+    assert main_ops(work) == ["Constant", "Add", "Mul"] and not work.graph.initializers  # nothing lifted
+
+
 def test_dim_param_freezes_every_occurrence():
     model = text("""
     g (float[batch_size, 4] a, float[batch_size, 4] b) => (float[batch_size, 4] y, int64[1] n) {
