@@ -148,6 +148,7 @@ class Partition:
     end: ir.Value
     window: Window
     transpose: ir.Node
+    reader: ir.Node  # the chain's first node, the one that reads `source` (Pad or a view op)
 
 
 @dataclasses.dataclass
@@ -160,14 +161,14 @@ class Merge:
     transpose: ir.Node
 
 
-def _walk_up(value: ir.Value) -> ir.Value:
-    """Up through view ops whose outputs only feed the chain."""
+def _walk_up(value: ir.Value, reader: ir.Node) -> tuple[ir.Value, ir.Node]:
+    """Up through view ops whose outputs only feed the chain; (top value, the node reading it)."""
     while True:
         node = value.producer()
         if node is None or node.op_type not in VIEW_OPS or node.domain not in ("", "ai.onnx") \
                 or static_shape(node.inputs[0]) is None or len(value.uses()) != 1 or value.is_graph_output():
-            return value
-        value = node.inputs[0]
+            return value, reader
+        value, reader = node.inputs[0], node
 
 
 def _walk_down(value: ir.Value) -> ir.Value:
@@ -219,8 +220,8 @@ def find_sites(graph: ir.Graph, opset: int) -> tuple[list[Partition], list[Merge
     for node in graph:
         if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
             continue
-        top, bottom = _walk_up(node.inputs[0]), _walk_down(node.outputs[0])
-        site = _as_partition(node, top, bottom, opset) or _as_merge(node, top, bottom, opset)
+        (top, reader), bottom = _walk_up(node.inputs[0], node), _walk_down(node.outputs[0])
+        site = _as_partition(node, top, reader, bottom, opset) or _as_merge(node, top, bottom, opset)
         if isinstance(site, Partition):
             partitions.append(site)
         elif isinstance(site, Merge):
@@ -228,19 +229,20 @@ def find_sites(graph: ir.Graph, opset: int) -> tuple[list[Partition], list[Merge
     return partitions, merges
 
 
-def _as_partition(transpose: ir.Node, top: ir.Value, bottom: ir.Value, opset: int) -> Partition | None:
+def _as_partition(transpose: ir.Node, top: ir.Value, reader: ir.Node, bottom: ir.Value,
+                  opset: int) -> Partition | None:
     padded, source = top, top
     pad = top.producer()
     if pad is not None and pad.op_type == "Pad" and pad.domain in ("", "ai.onnx"):
         if not _zero_pad_bottom_right(pad) or len(top.uses()) != 1:
             return None
-        source = pad.inputs[0]
+        source, reader = pad.inputs[0], pad
     natural, grid = static_shape(source), static_shape(padded)
     if natural is None or grid is None or len(natural) != 4 or len(grid) != 4 or bottom.producer() is None \
             or bottom.producer().op_type == "Slice" or bottom.is_graph_output():
         return None
     window = _geometry(bottom, padded, natural, grid, Window.order, opset)
-    return Partition(source, bottom, window, transpose) if window is not None else None
+    return Partition(source, bottom, window, transpose, reader) if window is not None else None
 
 
 def _as_merge(transpose: ir.Node, top: ir.Value, bottom: ir.Value, opset: int) -> Merge | None:
@@ -357,16 +359,13 @@ def plan_group(graph: ir.Graph, window: Window, partitions: list[Partition], mer
             g.add_edge(("v", value), "t")  # made natural: graph input, constant, other op
         if value.is_graph_output():
             g.add_edge(("v", value), "t")
-        partition_nodes = {p.end.producer() for p in part_by_source.get(value, [])}
-        if part_by_source.get(value):
+        readers = {p.reader for p in part_by_source.get(value, [])}
+        if readers:
             g.add_edge("s", ("b", value))  # the existing P: free once the value is windowed
         for use in value.uses():
-            if use.node in per_token and use.idx in per_token[use.node]:
-                continue
-            if _feeds_partition(use.node, partition_nodes):
-                continue
-            g.add_edge(("a", value), "t")  # read in natural layout elsewhere
-    sites = len(merge_ends) + sum(1 for v in part_by_source if v in values)
+            if not (use.node in per_token and use.idx in per_token[use.node]) and use.node not in readers:
+                g.add_edge(("a", value), "t")  # read in natural layout elsewhere
+    sites = len(merge_ends) + len(part_by_source)
     if "s" not in g or "t" not in g:
         return Plan(window, set(), partitions, merges, per_token, sites, sites)
     residual = nx.algorithms.flow.edmonds_karp(g, "s", "t")
@@ -380,19 +379,6 @@ def plan_group(graph: ir.Graph, window: Window, partitions: list[Partition], mer
                 stack.append(v)
     windowed = {key[1] for key in reach if isinstance(key, tuple) and key[0] == "v"}
     return Plan(window, windowed, partitions, merges, per_token, residual.graph["flow_value"], sites)
-
-
-def _feeds_partition(node: ir.Node, partition_nodes: set[ir.Node]) -> bool:
-    """`node` is the first node of one of these partition chains (Pad, or a view op)."""
-    for end_node in partition_nodes:
-        current = end_node
-        while current is not None:
-            if current is node:
-                return True
-            current = current.inputs[0].producer() if current.inputs and current.inputs[0] is not None else None
-            if current is not None and current.op_type not in VIEW_OPS + ("Pad", "Transpose"):
-                break
-    return False
 
 
 # ** the rewrite **
@@ -467,11 +453,11 @@ def apply_plan(graph: ir.Graph, plan: Plan) -> None:
         if p.source in windowed:
             partitions.setdefault(p.source, []).append(p)
     for value in windowed:
-        partition_nodes = {p.end.producer() for p in partitions.get(value, [])}
+        readers = {p.reader for p in partitions.get(value, [])}
         natural_uses[value] = [u for u in value.uses()
                                if not (u.node in plan.per_token and u.node.outputs[0] in windowed
                                        and u.idx in plan.per_token[u.node])
-                               and not _feeds_partition(u.node, partition_nodes)]
+                               and u.node not in readers]
     merge_of = {m.end: m for m in plan.merges}
     window_form: dict[ir.Value, ir.Value] = {}
     converted: dict[ir.Value, ir.Value] = {}
