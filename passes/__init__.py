@@ -21,6 +21,7 @@ _MODULES = [
     "transpose",
     "attention",
     "window_layout",
+    "relpos_attention",
     "linear_gemm",
     "copies",
 ]
