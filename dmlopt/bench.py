@@ -14,8 +14,15 @@ What a measurement holds, and why:
      op MemcpyToHost/MemcpyFromHost), then profiling is switched off before the timed
      runs, so it costs them nothing.  With ``warmup=0`` nothing is profiled.
   4. Provider options: DirectML's device_id, performance_preference, disable_metacommands;
-     CUDA's cudnn_conv_algo_search, prefer_nhwc, use_tf32.  ``tune_ep`` times every
-     combination of the ones that matter and names the fastest.
+     CUDA's cudnn_conv_algo_search, prefer_nhwc, use_tf32, enable_cuda_graph.  ``tune_ep``
+     times every combination of the ones that matter and names the fastest.
+  5. The same profile gives the kernel time per op type and the slowest nodes (``--profile``),
+     averaged over the warm-up runs after the first.  The CUDA EP launches kernels
+     asynchronously, so its per-node times hold the kernel only when CUDA_LAUNCH_BLOCKING=1 is
+     set for the process (which also inflates the latency: read the proportions).
+  6. A CUDA graph (``cuda_graph=True``: enable_cuda_graph=1) replays fixed device addresses, so
+     inputs and outputs are bound to OrtValues allocated once; a model that cannot be captured
+     (nodes off the GPU, copies, outputs of unknown shape) is a one-line error naming why.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -33,7 +41,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dmlopt import runtime
-from dmlopt.errors import ProviderError, UsageError
+from dmlopt.errors import InputError, ProviderError, UsageError
 from dmlopt.progress import bar_for
 
 # Provider options dmlopt knows, with their allowed values (None: any value).  Other keys
@@ -42,7 +50,7 @@ PROVIDER_OPTIONS: dict[str, dict[str, Sequence[str] | None]] = {
     "dml": {"device_id": None, "performance_preference": ("default", "high_performance", "minimum_power"),
             "device_filter": ("gpu", "npu", "any"), "disable_metacommands": ("false", "true")},
     "cuda": {"device_id": None, "cudnn_conv_algo_search": ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"),
-             "prefer_nhwc": ("0", "1"), "use_tf32": ("0", "1")},
+             "prefer_nhwc": ("0", "1"), "use_tf32": ("0", "1"), "enable_cuda_graph": ("0", "1")},
     "cpu": {},
 }
 SPINNING = "session.intra_op.allow_spinning"
@@ -56,6 +64,9 @@ TUNE_GRID: dict[str, dict[str, tuple[str, ...]]] = {
     "cpu": {SPINNING: ("1", "0")},
 }
 DEVICE_TYPES = {"cuda": "cuda", "dml": "dml"}
+CUDA_GRAPH = "enable_cuda_graph"
+# Slowest nodes listed by --profile.
+SLOWEST = 15
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -126,9 +137,18 @@ class Timer:
 
     def __init__(self, model: ir.Model, target: str, *, shapes=None, dims=None, feeds=None,
                  provider_options: Mapping[str, Any] | None = None, free_dims: Mapping[str, int] | None = None,
-                 seed: int = 0, io_binding: bool | None = None, profile: bool = True):
+                 seed: int = 0, io_binding: bool | None = None, profile: bool = True, cuda_graph: bool = False):
         if target == "cuda":
             _preload_cuda()
+        provider_options = dict(provider_options or {})
+        if cuda_graph:
+            if target != "cuda":
+                raise UsageError(f"--cuda-graph applies to the CUDA EP (--ep cuda), not {target}")
+            provider_options[CUDA_GRAPH] = "1"
+        self.cuda_graph = target == "cuda" and str(provider_options.get(CUDA_GRAPH, "0")) == "1"
+        if self.cuda_graph:
+            profile = False  # a replayed graph has no per-node events; the capture run is not a timing
+            io_binding = True
         provider_opts, session_config = split_options(provider_options)
         self.target = target
         self.provider_options = dict(provider_options or {})
@@ -138,6 +158,11 @@ class Timer:
             self.session = runtime.session(model, target, provider_options=provider_opts or None,
                                            session_config=session_config, free_dims=free_dims,
                                            profile_dir=self._profile_dir)
+        except InputError as e:
+            self._drop_profile_dir()
+            if self.cuda_graph:
+                raise InputError(f"the model cannot run as a CUDA graph: {e}") from e
+            raise
         except Exception:
             self._drop_profile_dir()
             raise
@@ -160,6 +185,11 @@ class Timer:
         self._binding = None
         if io_binding if io_binding is not None else target in DEVICE_TYPES:
             self._bind(int(provider_opts.get("device_id", 0)))
+        if self.cuda_graph:
+            try:
+                self.once()  # the capture: ORT records the graph on the first run
+            except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+                raise InputError(f"the model cannot run as a CUDA graph: {runtime._first_line(e)}") from e
 
     def _bind(self, device_id: int) -> None:
         """Inputs on the device once, outputs to the device: transfers of I/O are not timed."""
@@ -176,6 +206,18 @@ class Timer:
             for name, value in self.feeds.items():
                 binding.bind_cpu_input(name, value)
             where_in = "cpu"
+        if self.cuda_graph:  # a graph replays fixed addresses: outputs allocated once, like the inputs
+            shapes = static_output_shapes(self.session)
+            self._device_outputs = [
+                rt.OrtValue.ortvalue_from_shape_and_type(shape, runtime.NUMPY_TYPES[o.type], device, device_id)
+                for o, shape in zip(self.session.get_outputs(), shapes)]
+            for name, value in zip(self.outputs, self._device_outputs):
+                binding.bind_ortvalue_output(name, value)
+            if where_in != device:
+                raise InputError(f"the model cannot run as a CUDA graph: its inputs could not be placed on {device}")
+            self._binding = binding
+            self.io_binding = f"inputs on {where_in}, outputs on {device} (allocated once, CUDA graph)"
+            return
         try:
             for name in self.outputs:
                 binding.bind_output(name, device, device_id)
@@ -222,32 +264,92 @@ class Timer:
         return None if self.profile is None else self.profile["copies"]
 
 
-def profile_summary(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Copies and nodes by provider in the last ``model_run`` of an ORT profile (None: no run)."""
+def static_output_shapes(session) -> list[list[int]]:
+    """Each output's shape, all dims known: what preallocating outputs (a CUDA graph) needs."""
+    shapes = []
+    for o in session.get_outputs():
+        if not all(isinstance(d, int) and d >= 0 for d in o.shape):
+            raise InputError(f"the model cannot run as a CUDA graph: output {o.name!r} has shape {list(o.shape)}, "
+                             "not static (freeze it: dmlopt optimize --shape/--dim)")
+        shapes.append(list(o.shape))
+    return shapes
+
+
+def _kernel_events(events: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    start, end = run["ts"], run["ts"] + run.get("dur", 0)
+    return [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")
+            and start <= e.get("ts", -1) <= end]
+
+
+def _is_copy(event: Mapping[str, Any]) -> bool:
+    return str(event.get("args", {}).get("op_name", "")).startswith("Memcpy") or str(event["name"]).startswith("Memcpy")
+
+
+def profile_summary(events: Sequence[Mapping[str, Any]], *, slowest: int = SLOWEST) -> dict[str, Any] | None:
+    """From an ORT profile (None: no run): copies and nodes by provider in the last ``model_run``;
+    kernel time per op type and the slowest nodes, averaged over the runs after the first (warm)."""
     runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     if not runs:
         return None
-    last = runs[-1]
-    start, end = last["ts"], last["ts"] + last.get("dur", 0)
     copy_ops: collections.Counter = collections.Counter()
     providers: collections.Counter = collections.Counter()
     cpu_ops: collections.Counter = collections.Counter()
-    for e in events:
-        if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
-            continue
-        if not start <= e.get("ts", -1) <= end:
-            continue
+    for e in _kernel_events(events, runs[-1]):
         args = e.get("args", {})
         op = args.get("op_name", "")
-        if op.startswith("Memcpy") or str(e["name"]).startswith("Memcpy"):
+        if _is_copy(e):
             copy_ops[op or "Memcpy"] += 1
             continue
         provider = args.get("provider", "?")
         providers[provider] += 1
         if provider == "CPUExecutionProvider":
             cpu_ops[op] += 1
+    warm = runs[1:] or runs
+    node_us: dict[str, float] = collections.defaultdict(float)
+    node_info: dict[str, tuple[str, str]] = {}
+    for run in warm:
+        for e in _kernel_events(events, run):
+            node = str(e["name"])[: -len("_kernel_time")]
+            node_us[node] += float(e.get("dur", 0)) / len(warm)
+            args = e.get("args", {})
+            node_info[node] = (args.get("op_name", "") or ("Memcpy" if _is_copy(e) else "?"), args.get("provider", "?"))
+    by_op: dict[str, dict[str, float]] = {}
+    for node, us in node_us.items():
+        entry = by_op.setdefault(node_info[node][0], {"ms": 0.0, "nodes": 0})
+        entry["ms"] += us / 1000.0
+        entry["nodes"] += 1
+    total_ms = sum(node_us.values()) / 1000.0
+    ranked = sorted(node_us, key=node_us.get, reverse=True)[:slowest]
     return {"copies": sum(copy_ops.values()), "copy_ops": dict(copy_ops),
-            "nodes_by_provider": dict(providers), "cpu_ops": dict(cpu_ops.most_common())}
+            "nodes_by_provider": dict(providers), "cpu_ops": dict(cpu_ops.most_common()),
+            "profiled_runs": len(warm), "kernel_ms": total_ms,
+            "op_time_ms": dict(sorted(by_op.items(), key=lambda kv: kv[1]["ms"], reverse=True)),
+            "slowest_nodes": [{"node": n, "op": node_info[n][0], "provider": node_info[n][1],
+                               "ms": node_us[n] / 1000.0} for n in ranked]}
+
+
+def profile_table(profile: Mapping[str, Any] | None, provider: str, *, top_ops: int = 15) -> str:
+    """Kernel time per op type and the slowest nodes, as text (`bench --profile`)."""
+    from dmlopt.validate import format_table
+
+    if not profile or "op_time_ms" not in profile:
+        return "profile: none taken (--profile needs --warmup >= 1)"
+    total = profile["kernel_ms"] or 1e-12
+    rows = [("op type", "nodes", "ms", "share")]
+    for op, entry in list(profile["op_time_ms"].items())[:top_ops]:
+        rows.append((op, entry["nodes"], f"{entry['ms']:.3f}", f"{100 * entry['ms'] / total:.1f}%"))
+    rows.append(("total", sum(e["nodes"] for e in profile["op_time_ms"].values()), f"{profile['kernel_ms']:.3f}",
+                 "100%"))
+    text = (f"node time by op type (ORT profile, mean of {profile['profiled_runs']} warm-up run(s)):\n"
+            + format_table(rows))
+    rows = [("node", "op", "provider", "ms")]
+    for n in profile["slowest_nodes"]:
+        rows.append((n["node"][:60], n["op"], n["provider"].replace("ExecutionProvider", ""), f"{n['ms']:.3f}"))
+    text += "\nslowest nodes:\n" + format_table(rows)
+    if provider == "CUDAExecutionProvider" and os.environ.get("CUDA_LAUNCH_BLOCKING") != "1":
+        text += ("\nnote: the CUDA EP launches kernels asynchronously: these times are launches, not kernels; "
+                 "run with CUDA_LAUNCH_BLOCKING=1 to have each node's time include its kernel")
+    return text
 
 
 # -- measurements ----------------------------------------------------------------------
@@ -424,8 +526,8 @@ def _copies(value) -> str:
     return "-" if value is None else str(value)
 
 
-def to_table(result: dict[str, Any]) -> str:
-    """Readable form of `time_model`, `compare` or `tune_ep` output."""
+def to_table(result: dict[str, Any], *, profile: bool = False) -> str:
+    """Readable form of `time_model`, `compare` or `tune_ep` output (`profile`: with `profile_table`)."""
     from dmlopt.validate import format_table
 
     if "models" not in result:
@@ -439,6 +541,8 @@ def to_table(result: dict[str, Any]) -> str:
         cpu_ops = (result.get("profile") or {}).get("cpu_ops")
         if cpu_ops and result["provider"] != "CPUExecutionProvider":
             text += "\nnodes on CPU: " + ", ".join(f"{op} x{n}" for op, n in cpu_ops.items())
+        if profile:
+            text += "\n\n" + profile_table(result.get("profile"), result["provider"])
         return text
     label = "options" if "best" in result else "model"
     rows = [(label, "load s", "min ms", "median ms", "p90 ms", "copies", f"ratio vs {result['baseline']}")]
@@ -451,6 +555,9 @@ def to_table(result: dict[str, Any]) -> str:
         for name, reason in result.get("failed", {}).items():
             text += f"\n{name}: could not start: {reason}"
         text += f"\nbest: {result['best']}" + (f"  ({result['flags']})" if result.get("flags") else "")
+    if profile:
+        for name, m in result["models"].items():
+            text += f"\n\n{name}: " + profile_table(m.get("profile"), result["provider"])
     return text
 
 

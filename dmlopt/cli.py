@@ -132,6 +132,12 @@ def build_parser() -> Parser:
                    help="DirectML: run without vendor metacommands (= --provider-option disable_metacommands=true)")
     p.add_argument("--tune-ep", action="store_true",
                    help="time every combination of the provider's options that matter and report the best")
+    p.add_argument("--profile", action="store_true",
+                   help="also print node time by op type and the slowest nodes, from ORT's profile of the warm-up "
+                        "runs (CUDA EP: set CUDA_LAUNCH_BLOCKING=1 so each node's time includes its kernel)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="CUDA EP: run the model as a CUDA graph (enable_cuda_graph=1, inputs and outputs bound "
+                        "once on the GPU); a model that cannot be captured is an error naming why")
     p.add_argument("--emulate", metavar="dml-VERSION",
                    help="time as DirectML of that ORT version would place the graph (e.g. dml-1.14): predicted "
                         "CPU nodes on the CPU EP, the rest on CUDA when present")
@@ -274,6 +280,11 @@ def cmd_bench(args) -> int:
         raise UsageError("--emulate picks its own providers: it cannot be combined with --ep, --compare or --tune-ep")
     if args.compare and args.tune_ep:
         raise UsageError("--tune-ep times one model: drop --compare")
+    if args.profile and args.warmup < 1:
+        raise UsageError("--profile reads ORT's profile of the warm-up runs: give --warmup >= 1")
+    if args.cuda_graph and (args.profile or args.emulate):
+        raise UsageError("--cuda-graph replays a captured graph, which has no per-node profile: drop "
+                         + ("--profile" if args.profile else "--emulate"))
     shapes, dims = _shapes(args)
     progress = _progress(args)
     if args.emulate:
@@ -283,10 +294,12 @@ def cmd_bench(args) -> int:
         print(json.dumps(out, indent=2, default=str) if args.json else bench.to_table(out))
         return EXIT_OK
     target = runtime.resolve_ep(args.ep)
+    if args.cuda_graph and target != "cuda":
+        raise UsageError(f"--cuda-graph applies to the CUDA EP (--ep cuda), not {target}")
     options = bench.parse_provider_options(target, args.provider_option,
                                            disable_metacommands=args.disable_metacommands)
     common = dict(runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims, free_dims=dims,
-                  provider_options=options, progress=progress)
+                  provider_options=options, progress=progress, cuda_graph=args.cuda_graph)
     model = load(args.model)
     if args.tune_ep:
         out = bench.tune_ep(model, target, **common)
@@ -294,7 +307,7 @@ def cmd_bench(args) -> int:
         out = bench.compare({"model": model, "other": load(args.compare)}, target, **common)
     else:
         out = bench.time_model(model, target, **common)
-    print(json.dumps(out, indent=2, default=str) if args.json else bench.to_table(out))
+    print(json.dumps(out, indent=2, default=str) if args.json else bench.to_table(out, profile=args.profile))
     return EXIT_OK
 
 

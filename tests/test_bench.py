@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import io
 import json
 
@@ -10,7 +11,7 @@ import onnx_ir as ir
 import pytest
 
 from dmlopt import bench, progress, runtime
-from dmlopt.errors import ProviderError, UsageError
+from dmlopt.errors import InputError, ProviderError, UsageError
 from tests.conftest import conv_leaky_model
 
 RUNS = dict(runs=3, warmup=1)
@@ -45,6 +46,67 @@ def test_profile_counts_copies_of_the_last_run_only():
     assert s["nodes_by_provider"] == {"CUDAExecutionProvider": 1, "CPUExecutionProvider": 1}
     assert s["cpu_ops"] == {"Shape": 1}
     assert bench.profile_summary([{"cat": "Session", "name": "session_initialization", "ts": 0}]) is None
+
+
+def timed_runs(durations):
+    """A profile with one model_run per entry: node name -> (op, duration in us)."""
+    events, ts = [], 0
+    for nodes in durations:
+        start = ts
+        for name, (op, dur) in nodes.items():
+            ts += dur + 1
+            events.append({"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur,
+                           "args": {"op_name": op, "provider": "CUDAExecutionProvider"}})
+        events.append({"cat": "Session", "name": "model_run", "ts": start, "dur": ts + 1 - start})
+        ts += 10
+    return events
+
+
+def test_profile_times_by_op_type_and_slowest_nodes_skip_the_first_run():
+    first = {"add_1": ("Add", 9000), "add_2": ("Add", 9000), "mm": ("MatMul", 9000)}  # a cold first run
+    warm_a = {"add_1": ("Add", 300), "add_2": ("Add", 100), "mm": ("MatMul", 1000)}
+    warm_b = {"add_1": ("Add", 500), "add_2": ("Add", 100), "mm": ("MatMul", 3000)}
+    s = bench.profile_summary(timed_runs([first, warm_a, warm_b]), slowest=2)
+    assert s["profiled_runs"] == 2
+    assert s["op_time_ms"] == {"MatMul": {"ms": pytest.approx(2.0), "nodes": 1},
+                               "Add": {"ms": pytest.approx(0.5), "nodes": 2}}
+    assert list(s["op_time_ms"]) == ["MatMul", "Add"]  # slowest op type first
+    assert s["kernel_ms"] == pytest.approx(2.5)
+    assert [(n["node"], n["op"]) for n in s["slowest_nodes"]] == [("mm", "MatMul"), ("add_1", "Add")]
+    assert s["slowest_nodes"][1]["ms"] == pytest.approx(0.4)
+
+
+def test_profile_table_names_op_types_nodes_and_the_cuda_launch_caveat(monkeypatch):
+    s = bench.profile_summary(timed_runs([{"mm": ("MatMul", 2000), "add": ("Add", 500)}]))
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    text = bench.profile_table(s, "CUDAExecutionProvider")
+    assert "MatMul" in text and "80.0%" in text and "slowest nodes" in text
+    assert "CUDA_LAUNCH_BLOCKING=1" in text
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    assert "CUDA_LAUNCH_BLOCKING" not in bench.profile_table(s, "CUDAExecutionProvider")
+    assert "none taken" in bench.profile_table(None, "CPUExecutionProvider")
+
+
+def test_cuda_graph_needs_static_output_shapes():
+    path = importlib.resources.files("dmlopt.data") / "sam_small_dynamic.onnx"  # a dynamic batch axis
+    session = runtime.session(ir.load(str(path)), "cpu")
+    with pytest.raises(InputError, match="cannot run as a CUDA graph: output 'image_embeddings'"):
+        bench.static_output_shapes(session)
+    fixed = runtime.session(ir.from_proto(conv_leaky_model(batch=1)), "cpu")
+    assert bench.static_output_shapes(fixed) == [list(o.shape) for o in fixed.get_outputs()]
+
+
+def test_cuda_graph_on_another_provider_is_a_usage_error(model):
+    with pytest.raises(UsageError, match="--cuda-graph applies to the CUDA EP"):
+        bench.Timer(model, "cpu", cuda_graph=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.has_target("cuda"), reason="needs the CUDA EP")
+def test_cuda_graph_runs_with_outputs_bound_once(model):
+    out = bench.time_model(model, "cuda", runs=3, warmup=1, cuda_graph=True)
+    assert out["provider"] == "CUDAExecutionProvider"
+    assert "CUDA graph" in out["io_binding"] and out["provider_options"]["enable_cuda_graph"] == "1"
 
 
 def test_time_model_reports_provider_latency_and_copies(model):
@@ -170,6 +232,17 @@ def test_bench_json(cli, model_path):
     assert out["copies"] == 0 and out["load_s"] > 0
 
 
+def test_bench_profile_table_and_json(cli, model_path):
+    args = ("bench", model_path, "--ep", "cpu", "--runs", 2, "--warmup", 2, "--shape", "x:1,3,8,8", "--profile")
+    r = cli(*args)
+    assert r.code == 0, r.err
+    assert "node time by op type" in r.out and "slowest nodes" in r.out and "Conv" in r.out
+    r = cli(*args, "--json")
+    profile = json.loads(r.out)["profile"]
+    assert profile["op_time_ms"]["Conv"]["nodes"] >= 1 and profile["slowest_nodes"]
+    assert profile["kernel_ms"] == pytest.approx(sum(e["ms"] for e in profile["op_time_ms"].values()))
+
+
 def test_bench_compare_table(cli, model_path):
     r = cli("bench", model_path, "--compare", model_path, "--runs", 2, "--warmup", 1, "--dim", "N=1")
     assert r.code == 0, r.err
@@ -186,7 +259,8 @@ def test_bench_missing_provider_is_exit_2_naming_what_is_present(cli, model_path
 def test_bench_bad_arguments_are_one_line_exit_2(cli, model_path):
     for args in (["--runs", "0"], ["--provider-option", "x"], ["--disable-metacommands", "--ep", "cpu"],
                  ["--emulate", "dml-1.14", "--ep", "cpu"], ["--emulate", "cuda-1"],
-                 ["--tune-ep", "--compare", str(model_path)]):
+                 ["--tune-ep", "--compare", str(model_path)], ["--profile", "--warmup", "0"],
+                 ["--cuda-graph", "--ep", "cpu"], ["--cuda-graph", "--profile", "--ep", "cpu"]):
         r = cli("bench", model_path, *args)
         assert r.code == 2, args
         assert len([l for l in r.err.splitlines() if l.strip()]) == 1, r.err
