@@ -239,6 +239,13 @@ class Timer:
             self.session.run(self.outputs, self.feeds)
         return (time.perf_counter() - t0) * 1000.0
 
+    def run_outputs(self) -> list[np.ndarray]:
+        """One run's outputs, copied to the host (through the binding when there is one)."""
+        if self._binding is None:
+            return self.session.run(self.outputs, self.feeds)
+        self.session.run_with_iobinding(self._binding)
+        return self._binding.copy_outputs_to_cpu()
+
     def end_profile(self) -> dict[str, Any] | None:
         """Stop profiling; copies and node placement of the last profiled run."""
         if self._profile_dir is None:
