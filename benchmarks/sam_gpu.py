@@ -113,6 +113,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-tune", action="store_true", help="leave out the --tune row (it takes minutes)")
     parser.add_argument("--variants", action="store_true", help="add the default with each --relpos-bias choice")
     parser.add_argument("--prepare-only", action="store_true", help="export and optimize, time nothing")
+    parser.add_argument("--export-only", action="store_true", help="export the encoder, nothing else")
     args = parser.parse_args(argv)
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -124,6 +125,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         source = export_vit_b(work)
         print(f"export: {source} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    if args.export_only:
+        return 0
     models = {EXPORT: {"path": source, "note": "as exported"}}
     for name, options in variants(args).items():
         models[name] = optimized(source, work, name, options, args.ep, models)
