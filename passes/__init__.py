@@ -23,6 +23,7 @@ _MODULES = [
     "attention",
     "window_layout",
     "linear_gemm",
+    "norm_fusion",
     "copies",
 ]
 

@@ -1,0 +1,229 @@
+"""norm-fusion: normalizations DirectML (and CUDA) run as one kernel, fused where ORT does not fuse them.
+
+ORT fuses some normalizations itself when it loads a model (``graph_transformer_utils.cc``, level 2):
+LayerNormFusion and SkipLayerNormFusion for the CPU, CUDA, ROCm and DirectML EPs, but
+SimplifiedLayerNormFusion (RMSNorm) for CPU, CUDA and ROCm only, not DirectML.  So:
+  1. Mul(Mul(x, Reciprocal(Sqrt(Add(ReduceMean(Pow(x, 2), [-1]), eps)))), scale)
+     -> SimplifiedLayerNormalization(x, scale; axis=-1)      (RMSNorm, onnxscript's RmsNormFusion pattern,
+     Casts to a compute type allowed).  ``auto``: for DirectML where the ORT version registers the
+     kernel (1.23 table); for CUDA ORT does it at load, so it is left to ORT.
+  2. LayerNormalization(Add(a, b), gamma, beta; axis=-1) -> com.microsoft SkipLayerNormalization(a, b,
+     gamma, beta)  (onnxscript's SkipLayerNormFusion pattern; with the bias Add variants; the sum goes
+     on as output 3 when the residual stream needs it, outputs 1 and 2 stay empty, which DirectML
+     requires).  ORT fuses the same sites at load for DirectML and CUDA, so ``auto`` leaves it to ORT;
+     ``fuse`` writes it into the model (a session at a lower optimization level, a CUDA profile).
+
+Only normalizations over the last axis are fused: a LayerNorm2d over the channels of NCHW (SAM's
+neck) is not a LayerNormalization/SimplifiedLayerNormalization of the last axis and is never touched.
+Declined, with the reason: an epsilon that is not a constant, axes other than the last, a scale (or
+gamma/beta/bias) that is not 1-D of the normalized size (the kernels do not broadcast them),
+inputs that are not 3-D of one shape (SkipLayerNormalization), float64 (DirectML has no float64),
+and a target whose kernel table lacks the op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+from onnxscript.rewriter.ort_fusions.rms_normalization import RmsNormFusion
+from onnxscript.rewriter.ort_fusions.skip_normalization import SkipLayerNormFusion
+
+from dmlopt import placement
+from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
+from dmlopt.passes._shared import show_shape
+from dmlopt.passes.leaky_relu import all_nodes
+from dmlopt.shape_inference import infer_shapes
+
+MS_DOMAIN = "com.microsoft"
+# DirectML and CUDA kernels are float32/float16 (the tables' Float16to32; CUDA adds bfloat16).
+KERNEL_TYPES = {"dml": {ir.DataType.FLOAT, ir.DataType.FLOAT16},
+                "cuda": {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16},
+                "cpu": {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE}}
+# What ORT fuses itself at load, per EP (graph_transformer_utils.cc level 2; SimplifiedLayerNormFusion
+# lists cpu/cuda/rocm, SkipLayerNormFusion cpu/acl/cuda/rocm/dml).
+ORT_FUSES_AT_LOAD = {"SimplifiedLayerNormalization": {"cpu", "cuda"},
+                     "SkipLayerNormalization": {"cpu", "cuda", "dml"}}
+
+
+def _root(context) -> ir.Node | None:
+    outputs = getattr(context, "output_values", None) or []
+    return outputs[0].producer() if outputs and outputs[0] is not None else None
+
+
+def _dims(value: ir.Value | None) -> list | None:
+    return None if value is None or value.shape is None else list(value.shape.dims)
+
+
+class _NormSite(SiteRule):
+    """What both fusions check before the onnxscript rule's own conditions: the mode and the kernel."""
+
+    op_name = ""
+    domain = ""
+    root: ir.Node | None = None  # the matched site, set by check for rewrite
+
+    def __init__(self, owner: DmlPass, name: str, inner, mode: str, data: placement.DmlData | None):
+        super().__init__(owner, name)
+        self.inner, self.mode, self.data = inner, mode, data
+
+    def target_reason(self, dtype: ir.DataType | None) -> str | None:
+        target = self.owner.context.target if self.owner is not None else "dml"
+        if self.mode == "auto" and target in ORT_FUSES_AT_LOAD[self.op_name]:
+            return (f"kept: ORT fuses it into {self.op_name} itself when it loads the model for the {target} EP "
+                    "(--norm-fusion fuse writes it into the model)")
+        if target == "dml" and self.data is not None and not self.data.has_op(self.domain, self.op_name):
+            return f"ORT {self.data.version}'s DirectML registers no {self.op_name}"
+        if dtype is not None and dtype not in KERNEL_TYPES.get(target, KERNEL_TYPES["cpu"]):
+            return f"{self.op_name} on {dtype}: the {target} kernel takes {'/'.join(sorted(t.name.lower() for t in KERNEL_TYPES[target]))}"
+        return None
+
+    def verdict(self, node: ir.Node | None, reason: str | None):
+        if reason and reason.startswith("kept: "):
+            if self.owner is not None and node is not None:
+                self.owner.kept(node, reason[len("kept: "):])
+            return self.decline(None, reason)
+        return self.decline(node, reason) if reason else True
+
+
+class RmsNormToSimplifiedLayerNorm(_NormSite):
+    """``x * 1/sqrt(mean(x^2, -1) + eps) * scale`` -> ``SimplifiedLayerNormalization(x, scale)``."""
+
+    op_name = "SimplifiedLayerNormalization"
+
+    def __init__(self, owner, name, mul_order: bool, mode: str, data):
+        super().__init__(owner, name, RmsNormFusion(name, _mul_order=mul_order), mode, data)
+
+    def pattern(self, op, x, scale, epsilon, compute_dtype, target_dtype):
+        return self.inner.pattern(op, x, scale, epsilon, compute_dtype, target_dtype)
+
+    def check(self, context, x, scale, epsilon, compute_dtype, target_dtype, **rest):
+        node = self.root = _root(context)
+        result = self.inner.check(context, x, scale, epsilon, compute_dtype, target_dtype, **rest)
+        reason = None if result else (result.reason or "onnxscript's RmsNormFusion check failed")
+        if reason is None and epsilon.const_value is None:
+            reason = "epsilon is not a constant"
+        if reason is None:
+            reason = _scale_reason("scale", scale, x)
+        return self.verdict(node, reason or self.target_reason(x.dtype))
+
+    def rewrite(self, op, **bindings):
+        self.accepted(self.root, "SimplifiedLayerNormalization over the last axis")
+        return self.inner.rewrite(op, **bindings)
+
+
+class AddLayerNormToSkipLayerNorm(_NormSite):
+    """``LayerNormalization(Add(a, b), gamma, beta)`` -> ``com.microsoft SkipLayerNormalization``."""
+
+    op_name = "SkipLayerNormalization"
+    domain = MS_DOMAIN
+
+    def __init__(self, owner, name, has_bias: bool, bias_pre_add: bool, mode: str, data):
+        super().__init__(owner, name, SkipLayerNormFusion(name, has_bias=has_bias, bias_pre_add=bias_pre_add),
+                         mode, data)
+
+    def pattern(self, op, input, skip, gamma, beta, bias):
+        return self.inner.pattern(op, input, skip, gamma, beta, bias)
+
+    def check(self, context, input, skip, gamma, beta, bias, layer_norm, **rest):
+        node = layer_norm.producer()
+        reason = None
+        if (_dims(input) is None or len(_dims(input)) != 3 or _dims(input) != _dims(skip)):
+            reason = (f"inputs {show_shape(input.shape)} and {show_shape(skip.shape)}: SkipLayerNormalization takes "
+                      "two 3-D inputs of one shape")
+        if reason is None:
+            result = self.inner.check(context, input, skip, gamma, beta, bias, layer_norm, **rest)
+            reason = None if result else (result.reason or "onnxscript's SkipLayerNormFusion check failed")
+        for name, value in (("gamma", gamma), ("beta", beta), ("bias", bias)):
+            if reason is None and value is not None:
+                reason = _scale_reason(name, value, input)
+        if reason is None and len(node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            reason = "the LayerNormalization's Mean/InvStdDev outputs are used"
+        return self.verdict(node, reason or self.target_reason(input.dtype))
+
+    def rewrite(self, op, input, skip, gamma, beta, bias, layer_norm, **_):
+        node = layer_norm.producer()
+        epsilon = node.attributes.get_float("epsilon", 1e-5)
+        inputs = [input, skip, gamma, beta] + ([bias] if bias is not None else [])
+        normalized, mean, inv_std, skip_sum = op.SkipLayerNormalization(
+            *inputs, epsilon=epsilon, _outputs=4, _domain=MS_DOMAIN)
+        self.accepted(node, "SkipLayerNormalization (Add + LayerNormalization over the last axis)")
+        return normalized, skip_sum
+
+
+def _scale_reason(name: str, value: ir.Value, x: ir.Value) -> str | None:
+    """Why `value` is not a 1-D tensor of x's (static) last size, which the kernels require."""
+    dims, x_dims = _dims(value), _dims(x)
+    if x_dims is None or not x_dims or not isinstance(x_dims[-1], int):
+        return f"input shape {show_shape(x.shape if x is not None else None)}: the normalized size is not static"
+    if dims != [x_dims[-1]]:
+        return (f"{name} of shape {show_shape(value.shape)} is not 1-D of the normalized size {x_dims[-1]} "
+                "(the kernel does not broadcast it)")
+    return None
+
+
+@contextlib.contextmanager
+def _reduce_mean_defaults_spelled(model: ir.Model) -> Iterator[None]:
+    """Write ReduceMean's default keepdims=1 / noop_with_empty_axes=0 while the rules match (the
+    onnxscript pattern names them, and its matcher does not fill in defaults); taken out again after."""
+    added = []
+    for node in all_nodes(model):
+        if node.op_type == "ReduceMean" and node.domain in ("", "ai.onnx"):
+            for name, default in (("keepdims", 1), ("noop_with_empty_axes", 0)):
+                if name not in node.attributes:
+                    node.attributes[name] = ir.AttrInt64(name, default)
+                    added.append((node, name))
+    try:
+        yield
+    finally:
+        for node, name in added:
+            node.attributes.pop(name, None)
+
+
+def _empty_unused_outputs(model: ir.Model) -> None:
+    """Leave SkipLayerNormalization's mean/inv_std_var (and an unused sum) unnamed: DirectML's support
+    query sends a node with mean or inv_std_var outputs to the CPU."""
+    for node in all_nodes(model):
+        if node.op_type == "SkipLayerNormalization" and node.domain == MS_DOMAIN:
+            for k in range(1, len(node.outputs)):
+                out = node.outputs[k]
+                if out.name and not out.uses() and not out.is_graph_output():
+                    out.name = ""
+
+
+class NormFusionPass(DmlPass):
+    """RMSNorm -> SimplifiedLayerNormalization, Add + LayerNormalization -> SkipLayerNormalization."""
+
+    name = "norm-fusion"
+    summary = ("RMSNorm -> SimplifiedLayerNormalization, Add + LayerNormalization -> SkipLayerNormalization, "
+               "last axis only, where the target registers the kernel and ORT does not fuse it itself")
+    order = 67.0
+    options = (
+        Option("norm_fusion", "auto", "fuse normalizations: auto (only what ORT does not fuse at load for the "
+               "target), fuse (every exact site the target has a kernel for), keep", choices=("auto", "fuse", "keep")),
+    )
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        mode = self.option("norm_fusion")
+        if mode == "keep" or self.context.target == "cpu" and mode == "auto":
+            return ir.passes.PassResult(model, False)
+        candidates = [n for n in all_nodes(model) if n.op_type in ("LayerNormalization", "ReduceMean")]
+        if not candidates:
+            return ir.passes.PassResult(model, False)
+        if any(not n.name for n in all_nodes(model)):
+            common_passes.NameFixPass()(model)  # the site log is by node name
+        infer_shapes(model)  # the checks need static shapes
+        data = placement.load_data(self.context.ort_version) if self.context.target == "dml" else None
+        rules = [RmsNormToSimplifiedLayerNorm.rule(self, f"RmsNorm{k}", order, mode, data)
+                 for k, order in enumerate((False, True))]
+        rules += [AddLayerNormToSkipLayerNorm.rule(self, name, has_bias, pre, mode, data)
+                  for name, has_bias, pre in (("SkipLayerNormPreBias", True, True), ("SkipLayerNormBias", True, False),
+                                              ("SkipLayerNorm", False, False))]
+        with _reduce_mean_defaults_spelled(model):
+            count = apply_rules(model, rules)
+        if count:
+            _empty_unused_outputs(model)
+            if self.context.target == "dml" or any(n.domain == MS_DOMAIN for n in all_nodes(model)):
+                model.opset_imports.setdefault(MS_DOMAIN, 1)
+        return ir.passes.PassResult(model, count > 0)
