@@ -222,6 +222,9 @@ class NormFusionPass(DmlPass):
                                               ("SkipLayerNorm", False, False))]
         with _reduce_mean_defaults_spelled(model):
             count = apply_rules(model, rules)
+        rewritten = {s.node for s in self.sites if s.action == "rewrote"}
+        # one site, several rules (bias variants): a rule that declined a site another rule fused is no news
+        self.sites = [s for s in self.sites if s.action == "rewrote" or s.node not in rewritten]
         if count:
             _empty_unused_outputs(model)
             if self.context.target == "dml" or any(n.domain == MS_DOMAIN for n in all_nodes(model)):
