@@ -10,14 +10,17 @@ SimplifiedLayerNormFusion (RMSNorm) for CPU, CUDA and ROCm only, not DirectML.  
   2. LayerNormalization(Add(a, b), gamma, beta; axis=-1) -> com.microsoft SkipLayerNormalization(a, b,
      gamma, beta)  (onnxscript's SkipLayerNormFusion pattern; with the bias Add variants; the sum goes
      on as output 3 when the residual stream needs it, outputs 1 and 2 stay empty, which DirectML
-     requires).  ORT fuses the same sites at load for DirectML and CUDA, so ``auto`` leaves it to ORT;
-     ``fuse`` writes it into the model (a session at a lower optimization level, a CUDA profile).
+     requires).  ORT fuses the 3-D sites at load for DirectML and CUDA, so ``auto`` leaves those to
+     ORT; ``fuse`` writes them into the model (a session at a lower optimization level, a profile).
+  3. The same for another rank (SAM's [B, H, W, C] blocks), which ORT's fusion does not take:
+     Reshape(SkipLayerNormalization(Reshape(a, [1, -1, D]), Reshape(b, [1, -1, D]), ...), shape(a))
+     for static shapes; the Reshapes are views (aliases on DirectML).
 
 Only normalizations over the last axis are fused: a LayerNorm2d over the channels of NCHW (SAM's
 neck) is not a LayerNormalization/SimplifiedLayerNormalization of the last axis and is never touched.
 Declined, with the reason: an epsilon that is not a constant, axes other than the last, a scale (or
 gamma/beta/bias) that is not 1-D of the normalized size (the kernels do not broadcast them),
-inputs that are not 3-D of one shape (SkipLayerNormalization), float64 (DirectML has no float64),
+Add inputs of different shapes or a non-3-D one without a static shape (SkipLayerNormalization), float64 (DirectML has no float64),
 and a target whose kernel table lacks the op.
 """
 
@@ -26,13 +29,14 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter.ort_fusions.rms_normalization import RmsNormFusion
 from onnxscript.rewriter.ort_fusions.skip_normalization import SkipLayerNormFusion
 
 from dmlopt import placement
-from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
+from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._shared import show_shape
 from dmlopt.passes.leaky_relu import all_nodes
 from dmlopt.shape_inference import infer_shapes
@@ -68,9 +72,9 @@ class _NormSite(SiteRule):
         super().__init__(owner, name)
         self.inner, self.mode, self.data = inner, mode, data
 
-    def target_reason(self, dtype: ir.DataType | None) -> str | None:
+    def target_reason(self, dtype: ir.DataType | None, ort_would_fuse: bool = True) -> str | None:
         target = self.owner.context.target if self.owner is not None else "dml"
-        if self.mode == "auto" and target in ORT_FUSES_AT_LOAD[self.op_name]:
+        if self.mode == "auto" and ort_would_fuse and target in ORT_FUSES_AT_LOAD[self.op_name]:
             return (f"kept: ORT fuses it into {self.op_name} itself when it loads the model for the {target} EP "
                     "(--norm-fusion fuse writes it into the model)")
         if target == "dml" and self.data is not None and not self.data.has_op(self.domain, self.op_name):
@@ -128,27 +132,46 @@ class AddLayerNormToSkipLayerNorm(_NormSite):
 
     def check(self, context, input, skip, gamma, beta, bias, layer_norm, **rest):
         node = layer_norm.producer()
-        reason = None
-        if (_dims(input) is None or len(_dims(input)) != 3 or _dims(input) != _dims(skip)):
-            reason = (f"inputs {show_shape(input.shape)} and {show_shape(skip.shape)}: SkipLayerNormalization takes "
-                      "two 3-D inputs of one shape")
-        if reason is None:
+        reason, dims = None, _dims(input)
+        if dims is None or dims != _dims(skip):
+            reason = (f"inputs {show_shape(input.shape)} and {show_shape(skip.shape)}: SkipLayerNormalization adds two "
+                      "inputs of one shape (no broadcasting)")
+        elif len(dims) != 3 and not (len(dims) >= 2 and all(isinstance(d, int) for d in dims)):
+            reason = (f"input {show_shape(input.shape)}: SkipLayerNormalization is 3-D; another rank needs a static "
+                      "shape to be viewed as [1, -1, D]")
+        elif len(dims) == 3:
             result = self.inner.check(context, input, skip, gamma, beta, bias, layer_norm, **rest)
             reason = None if result else (result.reason or "onnxscript's SkipLayerNormFusion check failed")
+        elif layer_norm.producer().attributes.get_int("stash_type", 1) != 1:
+            reason = "stash_type other than float32"
         for name, value in (("gamma", gamma), ("beta", beta), ("bias", bias)):
             if reason is None and value is not None:
                 reason = _scale_reason(name, value, input)
         if reason is None and len(node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
             reason = "the LayerNormalization's Mean/InvStdDev outputs are used"
-        return self.verdict(node, reason or self.target_reason(input.dtype))
+        # ORT's own SkipLayerNormFusion takes 3-D inputs only: other ranks are left to no one
+        return self.verdict(node, reason or self.target_reason(input.dtype, ort_would_fuse=len(dims) == 3))
 
     def rewrite(self, op, input, skip, gamma, beta, bias, layer_norm, **_):
         node = layer_norm.producer()
         epsilon = node.attributes.get_float("epsilon", 1e-5)
+        dims = _dims(input)
+        view = len(dims) != 3  # e.g. SAM's [B, H, W, C] blocks: the same sums on a [1, B*H*W, C] view
+        if view:
+            shape3 = op.Constant(value=ir.tensor(np.array([1, -1, dims[-1]], dtype=np.int64)))
+            input, skip = op.Reshape(input, shape3), op.Reshape(skip, shape3)
         inputs = [input, skip, gamma, beta] + ([bias] if bias is not None else [])
         normalized, mean, inv_std, skip_sum = op.SkipLayerNormalization(
             *inputs, epsilon=epsilon, _outputs=4, _domain=MS_DOMAIN)
-        self.accepted(node, "SkipLayerNormalization (Add + LayerNormalization over the last axis)")
+        # ONNX shape inference knows no com.microsoft op: say what ORT's contrib shape inference says
+        kernel_shape = ir.Shape([1, int(np.prod(dims[:-1])), dims[-1]] if view else dims)
+        for value in (normalized, skip_sum):
+            value.type, value.shape = ir.TensorType(layer_norm.dtype or input.dtype), kernel_shape
+        if view:
+            back = op.Constant(value=ir.tensor(np.array(dims, dtype=np.int64)))
+            normalized, skip_sum = op.Reshape(normalized, back), op.Reshape(skip_sum, back)
+        self.accepted(node, "SkipLayerNormalization (Add + LayerNormalization over the last axis)"
+                      + (f" on a [1, -1, {dims[-1]}] view of the rank-{len(dims)} input" if view else ""))
         return normalized, skip_sum
 
 
@@ -226,6 +249,7 @@ class NormFusionPass(DmlPass):
         # one site, several rules (bias variants): a rule that declined a site another rule fused is no news
         self.sites = [s for s in self.sites if s.action == "rewrote" or s.node not in rewritten]
         if count:
+            remove_unused_nodes(model)  # the Reshape back of an unused sum
             _empty_unused_outputs(model)
             if self.context.target == "dml" or any(n.domain == MS_DOMAIN for n in all_nodes(model)):
                 model.opset_imports.setdefault(MS_DOMAIN, 1)

@@ -177,9 +177,32 @@ def test_auto_leaves_skip_layer_norm_to_ort():
     assert p.sites[0].action == "kept" and "ORT fuses it into SkipLayerNormalization" in p.sites[0].detail
 
 
+@pytest.mark.parametrize("target", ["dml", "cuda"])
+@pytest.mark.parametrize("shape", [(1, 4, 4, 8), (6, 8), (2, 1, 3, 2, 4)])
+def test_other_ranks_fuse_on_a_3d_view_even_in_auto(target, shape):
+    # SAM's blocks add and normalize [B, H, W, C]: ORT's own fusion takes 3-D only, so auto does it
+    original, result, p = rewrite(skip_model(shape), target=target)
+    counts = op_counts(result.model)
+    assert counts["com.microsoft.SkipLayerNormalization"] == 1 and counts["Reshape"] == 4
+    assert p.sites[0].action == "rewrote" and f"view of the rank-{len(shape)} input" in p.sites[0].detail
+    assert_exact(original, result)
+    if target == "dml":  # the contrib op's shapes are set: one compiled DirectML graph
+        predicted = placement.predict(result.model, ort_version="1.23")
+        assert predicted.cpu_count == 0 and predicted.partitions["compiled"]
+
+
+def test_a_dynamic_rank_4_input_declines():
+    proto = skip_model((1, 4, 4, 8))
+    for vi in (*proto.graph.input, *proto.graph.output):
+        vi.type.tensor_type.shape.dim[1].dim_param = "h"
+    _, result, p = rewrite(proto, mode="fuse")
+    assert "com.microsoft.SkipLayerNormalization" not in op_counts(result.model)
+    assert "needs a static shape" in p.sites[0].detail
+
+
 @pytest.mark.parametrize("kwargs, reason", [
-    ({"shape": (1, 4, 4, 8)}, "two 3-D inputs of one shape"),
-    ({"skip_shape": (1, 5, 8)}, "two 3-D inputs of one shape"),
+    ({"skip_shape": (1, 5, 8)}, "two inputs of one shape (no broadcasting)"),
+    ({"shape": (2, 4, 8), "skip_shape": (4, 8)}, "two inputs of one shape (no broadcasting)"),
 ])
 def test_skip_layer_norm_declines(kwargs, reason):
     _, result, p = rewrite(skip_model(**kwargs), mode="fuse")
