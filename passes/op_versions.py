@@ -4,8 +4,11 @@ ORT looks kernels up by the node's ONNX since-version; DirectML's table stops at
 some ops (it is in maintenance mode, the gaps stay), so such a node runs on the CPU with a copy each
 way.  The placement data (``dmlopt/data/dml_ort_<version>.json``) says which versions are registered.
   1. GroupNormalization(x, s, b) -> Add(Mul(Reshape(InstanceNormalization(Reshape(x, [0, G, -1]),
-     1, 0), [0, C, ...]), s'), b')    DirectML registers no ONNX GroupNormalization (18 or 21), but
-     InstanceNormalization-6; a group's statistics are those of one row of the [N, G, C/G*H*W] view.
+     1, 0), [0, C, ...]), s'), b')    DirectML registers no ONNX GroupNormalization (18 or 21), nor
+     does the CPU EP: ORT expands its function body, whose Reshapes take shapes computed by
+     Shape/Concat at run time (CPU shape math, no compiled graph).  DirectML registers
+     InstanceNormalization-6; a group's statistics are those of one row of the [N, G, C/G*H*W] view,
+     and the Reshapes here take constant shapes.
      s', b' are the per-channel scale and bias as [C, 1, ...] (GroupNormalization-18 has per-group
      ones, repeated C/G times).
   2. GridSample-20/22(x, grid) -> GridSample-16 with mode linear/cubic spelled bilinear/bicubic, by
