@@ -15,13 +15,19 @@ SimplifiedLayerNormFusion (RMSNorm) for CPU, CUDA and ROCm only, not DirectML.  
   3. The same for another rank (SAM's [B, H, W, C] blocks), which ORT's fusion does not take:
      Reshape(SkipLayerNormalization(Reshape(a, [1, -1, D]), Reshape(b, [1, -1, D]), ...), shape(a))
      for static shapes; the Reshapes are views (aliases on DirectML).
+  4. Div(Sub(x, m), Sqrt(Add(ReduceMean(Pow(Sub(x, m), 2), axes), eps))), m = ReduceMean(x, axes),
+     axes = 2.. of x -> InstanceNormalization(x, 1, 0; eps): InstanceNorm written out, and the
+     ReduceMean form of GroupNorm (on its [N, G, -1] view, diffusion models).  ORT has no
+     InstanceNormalization fusion (none in graph_transformer_utils.cc); DirectML registers
+     InstanceNormalization-6 in every table (and fuses an activation into it).
 
-Only normalizations over the last axis are fused: a LayerNorm2d over the channels of NCHW (SAM's
-neck) is not a LayerNormalization/SimplifiedLayerNormalization of the last axis and is never touched.
+Only normalizations over the trailing axes are fused (the last one; 2.. for InstanceNormalization):
+a LayerNorm2d over the channels of NCHW (SAM's neck) normalizes axis 1 and is never touched.
 Declined, with the reason: an epsilon that is not a constant, axes other than the last, a scale (or
 gamma/beta/bias) that is not 1-D of the normalized size (the kernels do not broadcast them),
-Add inputs of different shapes or a non-3-D one without a static shape (SkipLayerNormalization), float64 (DirectML has no float64),
-and a target whose kernel table lacks the op.
+Add inputs of different shapes or a non-3-D one without a static shape (SkipLayerNormalization),
+two ReduceMeans over different axes, float64 (DirectML has no float64), and a target whose kernel
+table lacks the op.
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ KERNEL_TYPES = {"dml": {ir.DataType.FLOAT, ir.DataType.FLOAT16},
 # What ORT fuses itself at load, per EP (graph_transformer_utils.cc level 2; SimplifiedLayerNormFusion
 # lists cpu/cuda/rocm, SkipLayerNormFusion cpu/acl/cuda/rocm/dml).
 ORT_FUSES_AT_LOAD = {"SimplifiedLayerNormalization": {"cpu", "cuda"},
-                     "SkipLayerNormalization": {"cpu", "cuda", "dml"}}
+                     "SkipLayerNormalization": {"cpu", "cuda", "dml"},
+                     "InstanceNormalization": set()}
 
 
 def _root(context) -> ir.Node | None:
@@ -175,6 +182,58 @@ class AddLayerNormToSkipLayerNorm(_NormSite):
         return normalized, skip_sum
 
 
+class MeanVarianceToInstanceNorm(_NormSite):
+    """``(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps)`` over axes 2.. -> ``InstanceNormalization(x, 1, 0)``."""
+
+    op_name = "InstanceNormalization"
+
+    def __init__(self, owner, mode: str, data):
+        super().__init__(owner, "MeanVarianceToInstanceNorm", None, mode, data)
+
+    def pattern(self, op, x, axes, axes2, two, epsilon):
+        mean = op.ReduceMean(x, axes, keepdims=1, noop_with_empty_axes=0)
+        centered = op.Sub(x, mean)
+        variance = op.ReduceMean(op.Pow(centered, two), axes2, keepdims=1, noop_with_empty_axes=0)
+        return op.Div(centered, op.Sqrt(op.Add(variance, epsilon)))
+
+    def check(self, context, x, axes, axes2, two, epsilon, **_):
+        node = self.root = _root(context)
+        dims = _dims(x)
+        reason = None
+        if dims is None or len(dims) < 3 or not isinstance(dims[1], int):
+            reason = f"input {show_shape(x.shape if x is not None else None)}: needs rank >= 3 and a static axis 1"
+        elif _ints(axes) is None or _ints(axes) != _ints(axes2):
+            reason = "the two ReduceMeans do not reduce the same constant axes"
+        elif sorted(a % len(dims) for a in _ints(axes)) != list(range(2, len(dims))):
+            reason = (f"axes {_ints(axes)} of a rank-{len(dims)} input are not all axes after the first two "
+                      "(InstanceNormalization normalizes each [n, c] over the rest)")
+        elif _scalar(two) != 2.0:
+            reason = "the variance is not a mean of squares (Pow exponent is not the constant 2)"
+        elif _scalar(epsilon) is None:
+            reason = "epsilon is not a constant scalar"
+        return self.verdict(node, reason or self.target_reason(x.dtype))
+
+    def rewrite(self, op, x, epsilon, **_):
+        channels = _dims(x)[1]
+        dtype = x.dtype.numpy()
+        self.accepted(self.root, f"InstanceNormalization over axes 2.. of {channels} channels")
+        return op.InstanceNormalization(x, op.Constant(value=ir.tensor(np.ones(channels, dtype=dtype))),
+                                        op.Constant(value=ir.tensor(np.zeros(channels, dtype=dtype))),
+                                        epsilon=_scalar(epsilon))
+
+
+def _ints(value: ir.Value) -> list[int] | None:
+    tensor = ir.convenience.get_const_tensor(value)
+    return None if tensor is None else [int(v) for v in tensor.numpy().reshape(-1)]
+
+
+def _scalar(value: ir.Value) -> float | None:
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None or tensor.numpy().size != 1:
+        return None
+    return float(tensor.numpy().reshape(-1)[0])
+
+
 def _scale_reason(name: str, value: ir.Value, x: ir.Value) -> str | None:
     """Why `value` is not a 1-D tensor of x's (static) last size, which the kernels require."""
     dims, x_dims = _dims(value), _dims(x)
@@ -220,7 +279,8 @@ class NormFusionPass(DmlPass):
 
     name = "norm-fusion"
     summary = ("RMSNorm -> SimplifiedLayerNormalization, Add + LayerNormalization -> SkipLayerNormalization, "
-               "last axis only, where the target registers the kernel and ORT does not fuse it itself")
+               "mean/variance over axes 2.. -> InstanceNormalization; trailing axes only, where the target registers "
+               "the kernel and ORT does not fuse it itself")
     order = 67.0
     options = (
         Option("norm_fusion", "auto", "fuse normalizations: auto (only what ORT does not fuse at load for the "
@@ -243,6 +303,7 @@ class NormFusionPass(DmlPass):
         rules += [AddLayerNormToSkipLayerNorm.rule(self, name, has_bias, pre, mode, data)
                   for name, has_bias, pre in (("SkipLayerNormPreBias", True, True), ("SkipLayerNormBias", True, False),
                                               ("SkipLayerNorm", False, False))]
+        rules.append(MeanVarianceToInstanceNorm.rule(self, mode, data))
         with _reduce_mean_defaults_spelled(model):
             count = apply_rules(model, rules)
         rewritten = {s.node for s in self.sites if s.action == "rewrote"}

@@ -242,3 +242,74 @@ def test_through_optimize_with_the_option():
     assert op_counts(result.model)["com.microsoft.SkipLayerNormalization"] == 1
     result = dmlopt.optimize(rms_model(), passes=["norm-fusion"], target="dml", ort_version="1.23", retime=False)
     assert result.passed and op_counts(result.model) == {"SimplifiedLayerNormalization": 1}
+
+
+# ** mean/variance -> InstanceNormalization **
+
+def mean_variance_model(shape=(2, 4, 6), axes=None, group_norm_view=False, second_axes=None):
+    """(x - mean) / sqrt(var + eps) over `axes`; with `group_norm_view`, the GroupNorm form of diffusion
+    exports: Reshape [N, G, -1], normalize, Reshape back, per-channel Mul/Add."""
+    axes = axes if axes is not None else [-1] if group_norm_view else list(range(2, len(shape)))
+    nodes, inits = [], [_const("axes", np.array(axes, dtype=np.int64)), _const("two", np.float32(2.0)),
+                        _const("eps", np.float32(1e-5))]
+    x, out_shape = "x", list(shape)
+    if group_norm_view:
+        n, c = shape[0], shape[1]
+        nodes.append(helper.make_node("Reshape", ["x", "view"], ["xv"]))
+        inits.append(_const("view", np.array([n, 2, -1], dtype=np.int64)))
+        x = "xv"
+    axes2 = "axes2" if second_axes is not None else "axes"
+    if second_axes is not None:
+        inits.append(_const("axes2", np.array(second_axes, dtype=np.int64)))
+    nodes += [helper.make_node("ReduceMean", [x, "axes"], ["m"], keepdims=1), helper.make_node("Sub", [x, "m"], ["d"]),
+              helper.make_node("Pow", ["d", "two"], ["d2"]), helper.make_node("ReduceMean", ["d2", axes2], ["v"]),
+              helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+              helper.make_node("Div", ["d", "sd"], ["nrm"], name="mvn")]
+    result = "nrm"
+    if group_norm_view:
+        c = shape[1]
+        nodes += [helper.make_node("Reshape", ["nrm", "back"], ["nb"]), helper.make_node("Mul", ["nb", "w"], ["nw"]),
+                  helper.make_node("Add", ["nw", "bias"], ["y"])]
+        inits += [_const("back", np.array(shape, dtype=np.int64)),
+                  _const("w", (RNG.random((c, 1, 1)) + 0.5).astype(np.float32)),
+                  _const("bias", RNG.random((c, 1, 1)).astype(np.float32))]
+        result = "y"
+    else:
+        nodes.append(helper.make_node("Identity", ["nrm"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, list(shape))],
+                              [helper.make_tensor_value_info("y", F, out_shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("target", ["dml", "cuda"])
+@pytest.mark.parametrize("shape, axes", [((2, 4, 6), None), ((1, 3, 4, 5), None), ((1, 3, 4, 5), [-1, -2]),
+                                         ((2, 2, 2, 3, 2), None)])
+def test_mean_variance_over_trailing_axes_becomes_instance_norm(target, shape, axes):
+    original, result, p = rewrite(mean_variance_model(shape, axes), target=target, ort_version="1.14")
+    counts = op_counts(result.model)
+    assert counts["InstanceNormalization"] == 1 and "ReduceMean" not in counts
+    assert p.sites[0].action == "rewrote" and p.sites[0].node == "mvn"
+    assert_exact(original, result)
+
+
+def test_group_norm_written_with_reduce_means_becomes_instance_norm():
+    original, result, _ = rewrite(mean_variance_model((2, 4, 3, 3), group_norm_view=True), ort_version="1.14")
+    counts = op_counts(result.model)
+    assert counts["InstanceNormalization"] == 1 and "ReduceMean" not in counts
+    assert_exact(original, result)
+    assert placement.predict(result.model, ort_version="1.14").cpu_count == 0
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"shape": (1, 3, 4, 5), "axes": [3]}, "are not all axes after the first two"),
+    ({"shape": (2, 4, 6), "second_axes": [-1]}, "do not reduce the same constant axes"),
+])
+def test_mean_variance_declines(kwargs, reason):
+    _, result, p = rewrite(mean_variance_model(**kwargs))
+    assert "InstanceNormalization" not in op_counts(result.model)
+    assert p.sites[0].action == "declined" and reason in p.sites[0].detail
+
+
+def test_mean_variance_keep():
+    _, result, _ = rewrite(mean_variance_model(), mode="keep")
+    assert not result.modified

@@ -23,14 +23,25 @@ def _init(name, array):
 def norm_cases(draw):
     """RMSNorm (last axis or not), Add + LayerNormalization (3-D or not, residual, bias, broadcast skip)."""
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    kind = draw(st.sampled_from(["rms", "skip"]))
+    kind = draw(st.sampled_from(["rms", "skip", "mvn"]))
     rank = draw(st.sampled_from([3, 3, 3, 2, 4]))  # SkipLayerNormalization is 3-D
     shape = draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank))
     axis = draw(st.sampled_from([-1, -1, 1 % rank]))  # mostly the last axis; sometimes one before it
     d = shape[axis]
     eps = draw(st.sampled_from([1e-6, 1e-5, 1e-2]))
     inits, inputs, nodes = [], [helper.make_tensor_value_info("x", F, shape)], []
-    if kind == "rms":
+    if kind == "mvn":  # mean/variance over axes 2.. (InstanceNorm) or over the channels (SAM's LayerNorm2d)
+        over = draw(st.sampled_from(["trailing", "trailing", "channels"]))
+        axes = list(range(2, rank)) if over == "trailing" and rank >= 3 else [1]
+        axis = -1 if axes != [1] else 1  # tags the case: channels are never fused
+        nodes += [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+                  helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Pow", ["d", "two"], ["d2"]),
+                  helper.make_node("ReduceMean", ["d2", "axes"], ["v"], keepdims=1),
+                  helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+                  helper.make_node("Div", ["d", "sd"], ["y"], name="mvn")]
+        inits += [_init("two", np.float32(2.0)), _init("axes", np.array(axes, dtype=np.int64)),
+                  _init("eps", np.float32(eps))]
+    elif kind == "rms":
         scale_shape = draw(st.sampled_from([[d], [d], [1] * (rank - 1) + [shape[-1]]]))
         if axis != -1:
             scale_shape = [d] + [1] * (rank - 1 - axis % rank)
@@ -80,10 +91,12 @@ def test_norm_fusion_keeps_numerics_and_the_last_axis_rule():
                 assert not result.report.passes[0]["modified"], case.label
 
         outcome = run_case(case, "norm-fusion", then=only_last_axis)
-        outcomes[(sorted(case.tags & {"rms", "skip"})[0], outcome)] += 1
+        outcomes[(sorted(case.tags & {"rms", "skip", "mvn"})[0], outcome)] += 1
 
     prop()
     enough = PROPERTY_SETTINGS.max_examples // 15  # 20 of the 300 cases
     outcomes.require(enough, of=("rms", "rewrote"))
     outcomes.require(enough, of=("skip", "rewrote"))
     outcomes.require(enough, of=("skip", "declined"))
+    outcomes.require(enough, of=("mvn", "rewrote"))
+    outcomes.require(enough, of=("mvn", "declined"))
