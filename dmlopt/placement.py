@@ -281,8 +281,12 @@ def version_gaps(model: ir.Model, data: DmlData) -> list[dict[str, Any]]:
         if gap is None:
             continue
         since, known = gap
+        schema = _schema(node, opsets)
+        # An op no EP has a kernel for is expanded by ORT into its ONNX function body, if it has one
+        # (GroupNormalization: measured on the CPU EP); whether the CPU EP has one is not in the table.
+        body = bool(schema is not None and (schema.has_function or schema.has_context_dependent_function))
         entry = found.setdefault((node.op_type, since), {"op": node.op_type, "version": since,
-                                                         "registered": known, "nodes": 0})
+                                                         "registered": known, "nodes": 0, "function_body": body})
         entry["nodes"] += 1
     return sorted(found.values(), key=lambda e: (e["op"], e["version"]))
 
@@ -297,8 +301,9 @@ def version_gap_text(gap: dict[str, Any], ort_version: str) -> str:
     else:
         has = ", ".join(map(str, known))
     count = gap["nodes"]
-    return (f"{gap['op']}-{gap['version']}: DirectML registers {has} (ORT {ort_version}; "
-            f"{count} node{'s' if count != 1 else ''} on the CPU)")
+    where = (f"{count} node{'s' if count != 1 else ''} on the CPU" if not gap.get("function_body") else
+             f"{count} node{'s' if count != 1 else ''}: CPU kernel or ORT's expansion of the ONNX function body")
+    return f"{gap['op']}-{gap['version']}: DirectML registers {has} (ORT {ort_version}; {where})"
 
 
 def _warnings(model: ir.Model, data: DmlData) -> list[str]:
@@ -951,7 +956,7 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
     ]
     lines.extend(f"  warning: {w}" for w in p.get("warnings", ()))
     if p.get("version_gaps"):
-        lines.append("  operator versions DirectML does not register (these nodes run on the CPU):")
+        lines.append("  operator versions DirectML does not register:")
         lines.extend(f"    - {version_gap_text(g, p['ort_version'])}" for g in p["version_gaps"])
     if parts["blockers"]:
         lines.append("  what blocks one compiled graph:")

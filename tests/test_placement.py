@@ -134,10 +134,10 @@ def test_version_gaps_name_the_version_each_op_needs(cli, tmp_path):
     }""")
     p = placement.predict(m, ort_version="1.23")
     assert p.to_dict()["version_gaps"] == [
-        {"op": "Gelu", "version": 20, "registered": [], "nodes": 1},
-        {"op": "GridSample", "version": 20, "registered": [16], "nodes": 1}]
+        {"op": "Gelu", "version": 20, "registered": [], "nodes": 1, "function_body": True},
+        {"op": "GridSample", "version": 20, "registered": [16], "nodes": 1, "function_body": False}]
     text = placement.summary_table(p.to_dict())
-    assert "GridSample-20: DirectML registers 16 only" in text
+    assert "GridSample-20: DirectML registers 16 only (ORT 1.23; 1 node on the CPU)" in text
     assert "Gelu-20: DirectML registers no version of it" in text
     assert placement.predict(m, ort_version="1.14").version_gaps[1]["registered"] == []
     path = tmp_path / "gaps.onnx"
