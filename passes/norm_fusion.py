@@ -87,7 +87,8 @@ class _NormSite(SiteRule):
         if target == "dml" and self.data is not None and not self.data.has_op(self.domain, self.op_name):
             return f"ORT {self.data.version}'s DirectML registers no {self.op_name}"
         if dtype is not None and dtype not in KERNEL_TYPES.get(target, KERNEL_TYPES["cpu"]):
-            return f"{self.op_name} on {dtype}: the {target} kernel takes {'/'.join(sorted(t.name.lower() for t in KERNEL_TYPES[target]))}"
+            takes = "/".join(sorted(t.name.lower() for t in KERNEL_TYPES.get(target, KERNEL_TYPES["cpu"])))
+            return f"{self.op_name} on {dtype}: the {target} kernel takes {takes}"
         return None
 
     def verdict(self, node: ir.Node | None, reason: str | None):

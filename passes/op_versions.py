@@ -202,7 +202,8 @@ def grid_sample_reason(node: ir.Node) -> str | None:
     """Why GridSample-20/22 `node` has no exact GridSample-16 spelling; None when it has."""
     x = node.inputs[0]
     if x is None or x.shape is None or len(x.shape) != 4:
-        return f"input of rank {len(x.shape) if x is not None and x.shape is not None else '?'}: GridSample-16 is 4-D only"
+        rank = len(x.shape) if x is not None and x.shape is not None else "?"
+        return f"input of rank {rank}: GridSample-16 is 4-D only"
     mode = node.attributes.get_string("mode", "linear")
     if mode not in GRID_SAMPLE_MODES_16:
         return f"mode={mode!r} has no GridSample-16 spelling"
