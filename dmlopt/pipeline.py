@@ -94,11 +94,34 @@ def check_model(model: ir.Model, where: str, *, strict: bool = True) -> None:
     from dmlopt.shape_inference import weightless_proto
 
     proto = without_external_data(weightless_proto(model))
+    _mark_ort_onnx_domain_ops(proto)
     try:
         onnx.checker.check_model(proto)
         onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=strict)
     except Exception as e:  # noqa: BLE001
         raise PassBroke(f"{where} produced an invalid model: {str(e).strip().splitlines()[0][:300]}") from e
+
+
+# ONNX Runtime contrib ops that ORT registers in the ONNX domain (no ONNX schema: the checker would
+# reject them); dmlopt's norm-fusion writes SimplifiedLayerNormalization, which ORT and DirectML run.
+ORT_OPS_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
+
+
+def _mark_ort_onnx_domain_ops(proto: onnx.ModelProto) -> None:
+    """Check ORT's ONNX-domain contrib ops as ops of an extra domain (the checker and shape inference
+    skip what they have no schema for there); `proto` is the check's own copy."""
+    marked = False
+    graphs = [proto.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx") and node.op_type in ORT_OPS_IN_ONNX_DOMAIN:
+                node.domain = "dmlopt.ort_onnx_domain"
+                marked = True
+            graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+            graphs.extend(g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs)
+    if marked:
+        proto.opset_import.append(onnx.helper.make_opsetid("dmlopt.ort_onnx_domain", 1))
 
 
 def _strict_clean(model: ir.Model) -> bool:

@@ -153,6 +153,8 @@ class Placement:
     folded_nodes: int
     subgraphs: list[str]
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # Ops on the CPU only because DirectML registers other versions of them (see `version_gaps`).
+    version_gaps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +168,7 @@ class Placement:
             "partitions": self.partitions,
             "subgraphs": self.subgraphs,
             "warnings": self.warnings,
+            "version_gaps": self.version_gaps,
         }
 
     @property
@@ -231,6 +234,7 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
         return analysed
 
     main = visit(work.graph, "")
+    gaps = version_gaps(work, data)
     partitions = _partitions(work.graph, main, data, has_subgraph)
     byte_sizes = [c["bytes"] for c in copies]
     memcpy = {
@@ -242,7 +246,64 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     }
     return Placement(ort_version=data.version, data_source=data.name, nodes=totals["nodes"],
                      dml_nodes=totals["dml"], cpu_nodes=cpu_nodes, memcpy=memcpy, partitions=partitions,
-                     folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data))
+                     folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data),
+                     version_gaps=gaps)
+
+
+def registered_versions(data: DmlData, domain: str, op: str) -> list[int]:
+    """The ONNX since-versions of `op` that DirectML registers in `data`, oldest first."""
+    return sorted({s for r in data.registrations(domain, op) for s in r.since})
+
+
+def version_gap(node: ir.Node, data: DmlData, opsets: dict[str, int]) -> tuple[int, list[int]] | None:
+    """(node's since-version, registered since-versions) when DirectML has `node`'s op at other versions
+    only, or at none while ONNX defines it; None when its version is registered (or it is no ONNX op)."""
+    since = _since_version(node, opsets)
+    if since is None or _domain(node.domain) != "":
+        return None
+    known = registered_versions(data, node.domain, node.op_type)
+    if since in known:
+        return None
+    if not known and _schema(node, opsets) is None:
+        return None  # not an ONNX op (an ORT contrib op in the ONNX domain, or unknown)
+    return since, known
+
+
+def version_gaps(model: ir.Model, data: DmlData) -> list[dict[str, Any]]:
+    """One entry per (op, since-version) of the model that DirectML does not register:
+    {"op", "version", "registered", "nodes"}; every graph, subgraphs included."""
+    opsets = dict(model.opset_imports)
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type == "Constant":
+            continue
+        gap = version_gap(node, data, opsets)
+        if gap is None:
+            continue
+        since, known = gap
+        schema = _schema(node, opsets)
+        # An op no EP has a kernel for is expanded by ORT into its ONNX function body, if it has one
+        # (GroupNormalization: measured on the CPU EP); whether the CPU EP has one is not in the table.
+        body = bool(schema is not None and (schema.has_function or schema.has_context_dependent_function))
+        entry = found.setdefault((node.op_type, since), {"op": node.op_type, "version": since,
+                                                         "registered": known, "nodes": 0, "function_body": body})
+        entry["nodes"] += 1
+    return sorted(found.values(), key=lambda e: (e["op"], e["version"]))
+
+
+def version_gap_text(gap: dict[str, Any], ort_version: str) -> str:
+    """``GridSample-20: DirectML registers 16 only`` (one line of ``inspect --ep dml``)."""
+    known = gap["registered"]
+    if not known:
+        has = "no version of it"
+    elif len(known) == 1:
+        has = f"{known[0]} only"
+    else:
+        has = ", ".join(map(str, known))
+    count = gap["nodes"]
+    where = (f"{count} node{'s' if count != 1 else ''} on the CPU" if not gap.get("function_body") else
+             f"{count} node{'s' if count != 1 else ''}: CPU kernel or ORT's expansion of the ONNX function body")
+    return f"{gap['op']}-{gap['version']}: DirectML registers {has} (ORT {ort_version}; {where})"
 
 
 def _warnings(model: ir.Model, data: DmlData) -> list[str]:
@@ -539,6 +600,13 @@ def _query_layer_norm(node: ir.Node, data: DmlData) -> str | None:
     return None
 
 
+def _query_skip_layer_norm(node: ir.Node, data: DmlData) -> str | None:
+    outputs = list(node.outputs)
+    if any(k < len(outputs) and outputs[k] is not None and outputs[k].name for k in (1, 2)):
+        return f"{node.op_type} with mean/inv_std_var outputs runs on the CPU"
+    return None
+
+
 def _query_resize(node: ir.Node, data: DmlData) -> str | None:
     mode = _attr(node, "mode", "nearest")
     if mode == "cubic":
@@ -580,6 +648,7 @@ def _query_scatter(node: ir.Node, data: DmlData) -> str | None:
 QUERIES = {
     "einsum": _query_einsum,
     "layer_norm": _query_layer_norm,
+    "skip_layer_norm": _query_skip_layer_norm,
     "resize": _query_resize,
     "slice": _query_slice,
     "attention": _query_attention,
@@ -886,6 +955,9 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
                                                         else ""),
     ]
     lines.extend(f"  warning: {w}" for w in p.get("warnings", ()))
+    if p.get("version_gaps"):
+        lines.append("  operator versions DirectML does not register:")
+        lines.extend(f"    - {version_gap_text(g, p['ort_version'])}" for g in p["version_gaps"])
     if parts["blockers"]:
         lines.append("  what blocks one compiled graph:")
         lines.extend(f"    - {b}" for b in parts["blockers"])

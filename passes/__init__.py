@@ -15,6 +15,7 @@ from dmlopt.passes._base import DmlPass, Option, PassContext, Site, SiteRule, ap
 _MODULES = [
     "cleanup",
     "freeze_shapes",
+    "op_versions",
     "prelu", "leaky_relu", "conv_transpose",
     "fp16",
     "einsum",
@@ -23,6 +24,7 @@ _MODULES = [
     "window_layout",
     "relpos_attention",
     "linear_gemm",
+    "norm_fusion",
     "copies",
 ]
 

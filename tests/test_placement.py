@@ -125,6 +125,27 @@ def test_since_version_must_be_registered_exactly():
     assert placement.predict(m, ort_version="1.18").cpu_count == 0
 
 
+def test_version_gaps_name_the_version_each_op_needs(cli, tmp_path):
+    m = model("""
+    <ir_version: 9, opset_import: ["" : 20]>
+    g (float[1, 2, 5, 6] x, float[1, 3, 4, 2] grid, float[2, 8] v) => (float[1, 2, 3, 4] y, float[2, 8] w) {
+        y = GridSample <mode = "linear"> (x, grid)
+        w = Gelu(v)
+    }""")
+    p = placement.predict(m, ort_version="1.23")
+    assert p.to_dict()["version_gaps"] == [
+        {"op": "Gelu", "version": 20, "registered": [], "nodes": 1, "function_body": True},
+        {"op": "GridSample", "version": 20, "registered": [16], "nodes": 1, "function_body": False}]
+    text = placement.summary_table(p.to_dict())
+    assert "GridSample-20: DirectML registers 16 only (ORT 1.23; 1 node on the CPU)" in text
+    assert "Gelu-20: DirectML registers no version of it" in text
+    assert placement.predict(m, ort_version="1.14").version_gaps[1]["registered"] == []
+    path = tmp_path / "gaps.onnx"
+    onnx.save(ir.to_proto(m), path)
+    r = cli("inspect", path, "--ep", "dml")
+    assert r.code == 0 and "GridSample-20: DirectML registers 16 only" in r.out
+
+
 def test_float64_and_types_the_kernel_does_not_register_go_to_cpu():
     m = model("""
     <ir_version: 8, opset_import: ["" : 17]>
