@@ -35,7 +35,9 @@ Cases:
   4. Graph inputs and outputs stay float32 with ``keep_io_types`` (Cast at the boundary);
      without it they become float16 (inputs only where a float16 node reads them).
 ORT's CPU EP runs float16 graphs (it inserts Casts around ops without a float16
-kernel), so validation runs here; every op of the bundled models was checked.
+kernel); validation rounds every float16 value where it is made (dmlopt.validate), since
+those Casts would otherwise hide float16's rounding and overflow.  Every op of the bundled
+models was checked.
 """
 
 from __future__ import annotations
