@@ -150,7 +150,8 @@ def _choice_summary(choice: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fp16_repair_text(r: dict[str, Any]) -> str:
-    runs = f"{r['validation_runs']} validation runs, at most {r['max_runs']}"
+    n = r["validation_runs"]
+    runs = f"{n} validation run{'' if n == 1 else 's'}, at most {r['max_runs']}"
     if not r["passed"]:
         return f"fp16 repair: FAILED ({runs}): {r['reason']}"
     lines = [f"fp16 repair: {len(r['kept'])} nodes kept in float32, {r['float16_nodes']} in float16 ({runs}):"]

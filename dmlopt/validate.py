@@ -218,7 +218,8 @@ def _insert_after(graph: ir.Graph, value: ir.Value, producer: ir.Node | None,
     base = value.name or "v"
     for n, dtype in enumerate(chain):
         cast = ir.Node("", "Cast", [current], [ir.AttrInt64("to", dtype.value)], name=f"{base}__rounded_{n}")
-        cast.outputs[0].name, cast.outputs[0].type, cast.outputs[0].shape = f"{base}__r{n}", ir.TensorType(dtype), value.shape
+        out = cast.outputs[0]
+        out.name, out.type, out.shape = f"{base}__r{n}", ir.TensorType(dtype), value.shape
         if anchor is not None:
             graph.insert_after(anchor, cast)
         else:

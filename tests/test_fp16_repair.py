@@ -163,7 +163,7 @@ def test_cli_repairs_and_no_fp16_repair_keeps_the_refusal(cli, tmp_path):
     report = tmp_path / "r.json"
     r = cli("optimize", src, "-o", out, "--target", "cpu", "--fp16", "--no-time", "--report", report)
     assert r.code == 0, r.err
-    assert "fp16 repair: 2 nodes kept in float32, 2 in float16 (1 validation runs, at most 24)" in r.out
+    assert "fp16 repair: 2 nodes kept in float32, 2 in float16 (1 validation run, at most 24)" in r.out
     assert "n_sq" in r.out and "overflow" in r.out
     rep = json.loads(report.read_text())
     assert rep["fp16_repair"]["passed"] is True and rep["validation"]["passed"] is True
