@@ -16,6 +16,7 @@ never a rounded or overflowing intermediate value.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Mapping
 
@@ -180,30 +181,42 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
     model = model.clone()
     common_passes.ShapeInferencePass()(model)  # every float16 value typed (a saved model keeps no value_info)
     graph = model.graph
+    taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
+    taken |= {n.name for n in graph}
+    fresh = functools.partial(_fresh, taken)
     for value in graph.initializers.values():
         if value.dtype == HALF and value.const_value is not None:
             value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
             value.type = ir.TensorType(FULL)
     for value in list(graph.inputs):
         if value.dtype == HALF and value.name not in graph.initializers:
-            _insert_after(graph, value, None, [FULL])
+            _insert_after(graph, value, None, [FULL], fresh)
     for node in list(graph):
         _to_float32_attributes(node)
         for value in node.outputs:
             if value.dtype == HALF:
                 value.type = ir.TensorType(FULL)
-                rounded = _insert_after(graph, value, node, [HALF, FULL])
-                _keep_output_float16(graph, value, rounded)
+                rounded = _insert_after(graph, value, node, [HALF, FULL], fresh)
+                _keep_output_float16(graph, value, rounded, fresh)
     return model
 
 
-def _keep_output_float16(graph: ir.Graph, value: ir.Value, rounded: ir.Value) -> None:
+def _fresh(taken: set, base: str) -> str:
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
+def _keep_output_float16(graph: ir.Graph, value: ir.Value, rounded: ir.Value, fresh) -> None:
     """A float16 graph output stays float16 under its name: the rounded value cast back."""
     for i, output in enumerate(list(graph.outputs)):
         if output is value:
             name = value.name
-            value.name = f"{name}__float32"
-            cast = ir.Node("", "Cast", [rounded], [ir.AttrInt64("to", HALF.value)], name=f"{name}__output")
+            value.name = fresh(f"{name}__float32")
+            cast = ir.Node("", "Cast", [rounded], [ir.AttrInt64("to", HALF.value)], name=fresh(f"{name}__output"))
             cast.outputs[0].name, cast.outputs[0].type = name, ir.TensorType(HALF)
             cast.outputs[0].shape = value.shape
             graph.insert_after(rounded.producer(), cast)
@@ -211,15 +224,15 @@ def _keep_output_float16(graph: ir.Graph, value: ir.Value, rounded: ir.Value) ->
 
 
 def _insert_after(graph: ir.Graph, value: ir.Value, producer: ir.Node | None,
-                  chain: list[ir.DataType]) -> ir.Value:
+                  chain: list[ir.DataType], fresh) -> ir.Value:
     """Route every node reading `value` through Casts to the types in `chain`; the last Cast's output."""
     uses = list(value.uses())
     current, anchor = value, producer
     base = value.name or "v"
     for n, dtype in enumerate(chain):
-        cast = ir.Node("", "Cast", [current], [ir.AttrInt64("to", dtype.value)], name=f"{base}__rounded_{n}")
+        cast = ir.Node("", "Cast", [current], [ir.AttrInt64("to", dtype.value)], name=fresh(f"{base}__rounded_{n}"))
         out = cast.outputs[0]
-        out.name, out.type, out.shape = f"{base}__r{n}", ir.TensorType(dtype), value.shape
+        out.name, out.type, out.shape = fresh(f"{base}__r{n}"), ir.TensorType(dtype), value.shape
         if anchor is not None:
             graph.insert_after(anchor, cast)
         else:

@@ -171,3 +171,14 @@ def test_cli_repairs_and_no_fp16_repair_keeps_the_refusal(cli, tmp_path):
     assert validate(overflow_model(), written, atol=HALF_TOL[0], rtol=HALF_TOL[1]).passed
     inits = {v.name: v.dtype for v in written.graph.initializers.values()}
     assert inits == {"k1000": F16, "k2m20": F32}  # n_up reads its weight in float16; n_down stays float32
+
+
+def test_html_report_lists_the_kept_nodes():
+    from dmlopt import html_report
+    from tests.test_html_report import parse
+
+    page = parse(html_report.render(optimize(overflow_model()).report))
+    rows = page.tables["fp16-repair"]
+    assert [(row[0], row[2]) for row in rows] == [("n_sq", "overflow"), ("n_down", "overflow")]
+    refused = parse(html_report.render(optimize(precision_model(), fp16_repair_runs=2).report))
+    assert "fp16-repair" not in refused.tables

@@ -106,3 +106,21 @@ def test_float16_constant_of_shape_and_cast_are_rounded_too():
     x = np.linspace(-1, 1, 8).astype(np.float32)
     y = run(model, {"x": x, "shape": np.array([8], np.int64)})["y"]
     np.testing.assert_array_equal(y, (x.astype(np.float16) + np.float16(1000)) - np.float16(1000))
+
+
+def test_float16_rounding_names_never_clash_with_the_models():
+    """Values already named like the rounding Casts' outputs, and an output that is also read."""
+    from onnx import helper
+
+    from dmlopt.validate import run
+
+    model = _half_model([helper.make_node("Add", ["x", "big"], ["a"], name="a__rounded_0"),
+                         helper.make_node("Sub", ["a", "big"], ["a__r0"]),
+                         helper.make_node("Relu", ["a__r0"], ["a__float32"])],
+                        [("x", HALF_T, [4])], [("a__float32", HALF_T, [4]), ("a", HALF_T, [4])],
+                        [("big", np.array([1000], np.float16))])
+    x = np.linspace(-1, 1, 4).astype(np.float16)
+    out = run(model, {"x": x})
+    a = x + np.float16(1000)
+    np.testing.assert_array_equal(out["a"], a)
+    np.testing.assert_array_equal(out["a__float32"], np.maximum(a - np.float16(1000), 0))
