@@ -179,7 +179,10 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
     from float16-rounded inputs and its result is rounded, overflowing to inf, as in float16;
     inputs and outputs keep their float16 type and names."""
     model = model.clone()
-    common_passes.ShapeInferencePass()(model)  # every float16 value typed (a saved model keeps no value_info)
+    try:
+        common_passes.ShapeInferencePass()(model)  # every float16 value typed (a saved model keeps no value_info)
+    except Exception:  # noqa: BLE001 - onnx's inference fails on some valid exports: round the typed values
+        pass
     graph = model.graph
     taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
     taken |= {n.name for n in graph}
