@@ -306,7 +306,21 @@ def _validation_section(r: dict[str, Any]) -> str:
     return (f'<section><h2>Validation</h2><p class="note">Original vs optimized on the ORT CPU EP, inputs '
             f'{esc(inputs)}{esc(seed)}.</p>{broken}'
             + _table(("output", "dtype", "shape", "max abs", "max rel", "cosine", "tolerance", "result"), rows,
-                     table_id="validation", numeric_cols={3, 4, 5}) + "</section>")
+                     table_id="validation", numeric_cols={3, 4, 5}) + _fp16_repair_part(r) + "</section>")
+
+
+def _fp16_repair_part(r: dict[str, Any]) -> str:
+    """The nodes the fp16 repair kept in float32 and why, or why it refused."""
+    rep = r.get("fp16_repair")
+    if not rep:
+        return ""
+    runs = f"{rep['validation_runs']} of at most {rep['max_runs']} validation runs"
+    if not rep["passed"]:
+        return f'<h3>fp16 repair</h3><p class="note"><b>refused</b> ({esc(runs)}): {esc(rep["reason"])}</p>'
+    rows = [(esc(k["node"]), esc(k["op"]), esc(k["found_by"]), esc(k["detail"])) for k in rep["kept"]]
+    return (f'<h3>fp16 repair</h3><p class="note">{len(rep["kept"])} nodes kept in float32, '
+            f'{rep["float16_nodes"]} in float16 ({esc(runs)}).</p>'
+            + _table(("node", "op", "found by", "why"), rows, table_id="fp16-repair"))
 
 
 # -- tables and charts -----------------------------------------------------------------------

@@ -17,7 +17,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 
+from dmlopt import fp16_repair
 from dmlopt import report as report_mod
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load, without_external_data
@@ -176,7 +178,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options=checked)
     explicit = passes is not None
     strict = _strict_clean(original)
-    for cls in pass_classes:
+    before_fp16 = None  # (model, passes from fp16 on): what the fp16 repair replays
+    for position, cls in enumerate(pass_classes):
         p = cls(context)
         if not explicit and not p.enabled() and not tuning.pending(p, context):
             continue
@@ -187,6 +190,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         _resolve_auto(p, work, original, context, rep, dict(inputs=inputs, atol=atol, rtol=rtol), progress)
         if not explicit and not p.enabled():
             continue  # tuning left it off (e.g. fp16 measured slower)
+        if validate and p.name == "fp16" and p.enabled() and p.option("fp16_repair"):
+            before_fp16 = (work.clone(), pass_classes[position:])  # tensors are shared, not copied
         result = p(work)
         work = result.model
         elapsed = time.perf_counter() - t0
@@ -203,7 +208,10 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         v = run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
                            atol=atol, rtol=rtol)
         rep.validation = v.to_dict()
-        if not v.passed:
+        if not v.passed and before_fp16 is not None:
+            out.model = _repair_fp16(original, out.model, before_fp16, context, explicit, strict, rep,
+                                     dict(inputs=inputs, atol=atol, rtol=rtol), progress)
+        if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     from dmlopt import bench, runtime
 
@@ -225,6 +233,41 @@ def _resolve_auto(p: DmlPass, work: ir.Model, original: ir.Model, context: PassC
         choice, record = tune.choose(p, opt, work, original, context, check, progress)
         context.options[opt.name] = choice
         rep.add_choice(p.name, opt.name, choice, record)
+
+
+def _repair_fp16(original, work, before_fp16, context, explicit, strict, rep, check, progress) -> ir.Model:
+    """float16 failed validation: keep in float32 the nodes that need it (dmlopt.fp16_repair) by
+    replaying fp16 and the passes after it with a keep set.  The model that passed, or `work`."""
+    start, replayed = before_fp16
+    common_passes.NameFixPass()(start)  # the keep set names nodes: every node needs a unique name
+
+    def replay(keep: frozenset[str]) -> fp16_repair.Trial:
+        ctx = dataclasses.replace(context, options={**context.options, "fp16_keep_nodes": tuple(sorted(keep))})
+        model, records = start.clone(), []
+        for cls in replayed:
+            p = cls(ctx)
+            if not explicit and not p.enabled():
+                continue
+            before, t0 = op_counts(model), time.perf_counter()
+            result = p(model)
+            model = result.model
+            check_model(model, f"pass '{p.name}' (fp16 repair)", strict=strict)
+            records.append(dict(p=p, before=before, after=op_counts(model), modified=result.modified,
+                                seconds=time.perf_counter() - t0))
+        return fp16_repair.Trial(model, records)
+
+    if progress:
+        progress("fp16 repair")
+    found = fp16_repair.repair(original, start, replay, shapes=context.shapes, dims=context.dims,
+                               max_runs=replayed[0](context).option("fp16_repair_runs"), progress=progress, **check)
+    rep.fp16_repair = found.record
+    if found.trial is None:
+        return work
+    for record in found.trial.passes:
+        rep.add_pass(**record, replace=True)
+    rep.finish(found.trial.model, initializer_bytes(original), initializer_bytes(found.trial.model))
+    rep.validation = found.trial.validation.to_dict()
+    return found.trial.model
 
 
 def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol) -> str | None:

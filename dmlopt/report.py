@@ -9,6 +9,8 @@ The JSON schema (documented in README.md, key names are stable):
            ratio, copies, max_rel_error}}, rejected {choice: reason}}]   options resolved from "auto"
   validation {passed, inputs, seed, outputs [{name, max_abs, max_rel, cosine, ...}]}
   broken_by    first pass that broke numerics (when validation failed)
+  fp16_repair  {passed, validation_runs, max_runs, kept [{node, op, found_by, detail, max_abs}],
+               float16_nodes, reason, note} when float16 failed validation and the repair ran
   timing       {provider, before_ms, after_ms, speedup, ratio_median, runs, before{}, after{},
                load_s_before, load_s_after, copies_before, copies_after, io_binding} when re-timed
   placement    {before, after} predicted DirectML placement, when computed
@@ -48,6 +50,7 @@ class Report:
     choices: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     validation: dict[str, Any] | None = None
     broken_by: str | None = None
+    fp16_repair: dict[str, Any] | None = None
     timing: dict[str, Any] | None = None
     placement: dict[str, Any] | None = None
     written: str | None = None
@@ -64,7 +67,9 @@ class Report:
                           "initializer_bytes": initializer_bytes(model),
                           "inputs": _io(model.graph.inputs), "outputs": _io(model.graph.outputs)})
 
-    def add_pass(self, p, *, before: dict[str, int], after: dict[str, int], modified: bool, seconds: float) -> None:
+    def add_pass(self, p, *, before: dict[str, int], after: dict[str, int], modified: bool, seconds: float,
+                 replace: bool = False) -> None:
+        """Record a pass run; `replace` puts it in the place of an earlier run of the same pass."""
         delta = {op: after.get(op, 0) - before.get(op, 0) for op in sorted(set(before) | set(after))
                  if after.get(op, 0) != before.get(op, 0)}
         chosen = [_choice_summary(c) for c in self.choices if c["pass"] == p.name]
@@ -74,12 +79,17 @@ class Report:
             if chosen and site.action in ("rewrote", "kept"):
                 entry["chosen_by"] = chosen  # the strategy of this site and the timings behind it
             sites.append(entry)
-        self.passes.append({
+        entry = {
             "name": p.name, "modified": bool(modified), "seconds": round(seconds, 4),
             "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
             "op_counts_before": before, "op_counts_after": after, "op_delta": delta,
             "sites": sites, "notes": list(p.notes),
-        })
+        }
+        earlier = [i for i, e in enumerate(self.passes) if e["name"] == p.name] if replace else []
+        if earlier:
+            self.passes[earlier[-1]] = entry
+        else:
+            self.passes.append(entry)
 
     def add_choice(self, pass_name: str, option: str, choice: str, record: dict[str, Any]) -> None:
         self.choices.append({"pass": pass_name, "option": option, "choice": choice, **record})
@@ -119,6 +129,8 @@ class Report:
             parts.append("notes:\n" + "\n".join(f"  {name}: {n}" for name, n in notes))
         for c in self.choices:
             parts.append(f"{c['pass']} --{c['option'].replace('_', '-')}: chose {c['choice']} ({c.get('how', '')})")
+        if self.fp16_repair is not None:
+            parts.append(_fp16_repair_text(self.fp16_repair))
         if self.validation is not None:
             parts.append(_validation_table(self.validation))
             if self.broken_by:
@@ -135,6 +147,22 @@ def _choice_summary(choice: dict[str, Any]) -> dict[str, Any]:
     made, and each candidate's median latency (the choice is per model, applied to every site)."""
     return {"option": choice["option"], "choice": choice["choice"], "how": choice.get("how", ""),
             "median_ms": {str(c): m.get("median_ms") for c, m in (choice.get("candidates") or {}).items()}}
+
+
+def _fp16_repair_text(r: dict[str, Any]) -> str:
+    n = r["validation_runs"]
+    runs = f"{n} validation run{'' if n == 1 else 's'}, at most {r['max_runs']}"
+    if not r["passed"]:
+        return f"fp16 repair: FAILED ({runs}): {r['reason']}"
+    lines = [f"fp16 repair: {len(r['kept'])} nodes kept in float32, {r['float16_nodes']} in float16 ({runs}):"]
+    rows = [("node", "op", "found by", "why")]
+    rows += [(k["node"], k["op"], k["found_by"], k["detail"]) for k in r["kept"][:40]]
+    lines.append(format_table(rows))
+    if len(r["kept"]) > 40:
+        lines.append(f"  ... and {len(r['kept']) - 40} more (see the JSON report)")
+    if r.get("note"):
+        lines.append(r["note"])
+    return "\n".join(lines)
 
 
 def _validation_table(v: dict[str, Any]) -> str:

@@ -6,15 +6,23 @@ error, max error relative to the output's magnitude, cosine similarity.  A float
 passes when ``max_abs <= atol + rtol * max|ref|``: scaled by the output's magnitude, so
 deep ViTs' float noise is not flagged (onnxsim's fixed allclose is, peers.md) while a
 wrong rewrite (relative error ~1) always is.
+
+A float16 model is run as float16 hardware computes it (`with_float16_rounding`): ORT's
+CPU EP has float16 kernels for few ops and runs the others in float32 between Casts it
+inserts and then removes, so without this only the float16 constants would be checked,
+never a rounded or overflowing intermediate value.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Mapping
 
 import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 
 from dmlopt import runtime
 from dmlopt.errors import InputError, UsageError
@@ -133,6 +141,8 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
 
 
 def run(model, feeds: Mapping[str, np.ndarray], target: str = "cpu") -> dict[str, np.ndarray]:
+    if target == "cpu" and isinstance(model, ir.Model) and _has_float16(model.graph):
+        model = with_float16_rounding(model)
     sess = runtime.session(model, target, optimize=False)
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name: i.type for i in sess.get_inputs()}
@@ -141,6 +151,110 @@ def run(model, feeds: Mapping[str, np.ndarray], target: str = "cpu") -> dict[str
     except Exception as e:  # noqa: BLE001
         raise InputError(f"ONNX Runtime failed to run the model: {runtime._first_line(e)}") from e
     return dict(zip(names, values))
+
+
+HALF, FULL = ir.DataType.FLOAT16, ir.DataType.FLOAT
+
+
+def _has_float16(graph: ir.Graph) -> bool:
+    """Whether a float16 value is declared or made (a saved model may carry no intermediate types)."""
+    if any(v.dtype == HALF for v in (*graph.inputs, *graph.initializers.values(),
+                                     *(o for node in graph for o in node.outputs))):
+        return True
+    return any(_makes_float16(attr) for node in graph for attr in node.attributes.values())
+
+
+def _makes_float16(attr) -> bool:
+    if attr.type == ir.AttributeType.INT:
+        return attr.name in ("to", "dtype", "output_dtype") and attr.value == HALF.value
+    return attr.type == ir.AttributeType.TENSOR and attr.value is not None and attr.value.dtype == HALF
+
+
+def with_float16_rounding(model: ir.Model) -> ir.Model:
+    """A float32 copy of `model` that rounds every float16 value of its main graph where it is made.
+
+    Each float16 node output becomes float32 followed by an explicit ``Cast(to=FLOAT16) ->
+    Cast(to=FLOAT)``, which ORT keeps (it drops only the lossy Cast pairs it inserted itself);
+    float16 constants become float32 holding the same values.  So each node computes in float32
+    from float16-rounded inputs and its result is rounded, overflowing to inf, as in float16;
+    inputs and outputs keep their float16 type and names."""
+    model = model.clone()
+    try:
+        common_passes.ShapeInferencePass()(model)  # every float16 value typed (a saved model keeps no value_info)
+    except Exception:  # noqa: BLE001 - onnx's inference fails on some valid exports: round the typed values
+        pass
+    graph = model.graph
+    taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
+    taken |= {n.name for n in graph}
+    fresh = functools.partial(_fresh, taken)
+    for value in graph.initializers.values():
+        if value.dtype == HALF and value.const_value is not None:
+            value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
+            value.type = ir.TensorType(FULL)
+    for value in list(graph.inputs):
+        if value.dtype == HALF and value.name not in graph.initializers:
+            _insert_after(graph, value, None, [FULL], fresh)
+    for node in list(graph):
+        _to_float32_attributes(node)
+        for value in node.outputs:
+            if value.dtype == HALF:
+                value.type = ir.TensorType(FULL)
+                rounded = _insert_after(graph, value, node, [HALF, FULL], fresh)
+                _keep_output_float16(graph, value, rounded, fresh)
+    return model
+
+
+def _fresh(taken: set, base: str) -> str:
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
+def _keep_output_float16(graph: ir.Graph, value: ir.Value, rounded: ir.Value, fresh) -> None:
+    """A float16 graph output stays float16 under its name: the rounded value cast back."""
+    for i, output in enumerate(list(graph.outputs)):
+        if output is value:
+            name = value.name
+            value.name = fresh(f"{name}__float32")
+            cast = ir.Node("", "Cast", [rounded], [ir.AttrInt64("to", HALF.value)], name=fresh(f"{name}__output"))
+            cast.outputs[0].name, cast.outputs[0].type = name, ir.TensorType(HALF)
+            cast.outputs[0].shape = value.shape
+            graph.insert_after(rounded.producer(), cast)
+            graph.outputs[i] = cast.outputs[0]
+
+
+def _insert_after(graph: ir.Graph, value: ir.Value, producer: ir.Node | None,
+                  chain: list[ir.DataType], fresh) -> ir.Value:
+    """Route every node reading `value` through Casts to the types in `chain`; the last Cast's output."""
+    uses = list(value.uses())
+    current, anchor = value, producer
+    base = value.name or "v"
+    for n, dtype in enumerate(chain):
+        cast = ir.Node("", "Cast", [current], [ir.AttrInt64("to", dtype.value)], name=fresh(f"{base}__rounded_{n}"))
+        out = cast.outputs[0]
+        out.name, out.type, out.shape = fresh(f"{base}__r{n}"), ir.TensorType(dtype), value.shape
+        if anchor is not None:
+            graph.insert_after(anchor, cast)
+        else:
+            graph.insert_before(graph.node(0), cast)
+        current, anchor = cast.outputs[0], cast
+    for node, index in uses:
+        node.replace_input_with(index, current)
+    return current
+
+
+def _to_float32_attributes(node: ir.Node) -> None:
+    """Cast(to=FLOAT16), ConstantOfShape/Constant with a float16 value, dtype=FLOAT16: float32."""
+    for name, attr in list(node.attributes.items()):
+        if not _makes_float16(attr):
+            continue
+        if attr.type == ir.AttributeType.INT:
+            node.attributes[name] = ir.AttrInt64(name, FULL.value)
+        else:
+            node.attributes[name] = ir.AttrTensor(name, ir.tensor(attr.value.numpy().astype(np.float32)))
 
 
 def as_input_type(value, ort_type: str) -> np.ndarray:

@@ -28,13 +28,16 @@ Cases:
         back to float32 for it;
      e. ops outside the ONNX domain, except com.microsoft ops whose float tensors are all
         one type (MultiHeadAttention, Attention, FusedMatMul, the GELU family, BiasAdd);
-     f. op types named in ``--fp16-keep-ops``.
+     f. op types named in ``--fp16-keep-ops``, nodes named in ``--fp16-keep-nodes`` (what
+        dmlopt's fp16 repair sets when float16 fails validation: dmlopt/fp16_repair.py).
   3. Initializers and Constants used only in float16 are converted in place (values beyond
      +-65504 are clipped to it, noted in the report); used in both, they get a float16 copy.
   4. Graph inputs and outputs stay float32 with ``keep_io_types`` (Cast at the boundary);
      without it they become float16 (inputs only where a float16 node reads them).
 ORT's CPU EP runs float16 graphs (it inserts Casts around ops without a float16
-kernel), so validation runs here; every op of the bundled models was checked.
+kernel); validation rounds every float16 value where it is made (dmlopt.validate), since
+those Casts would otherwise hide float16's rounding and overflow.  Every op of the bundled
+models was checked.
 """
 
 from __future__ import annotations
@@ -93,17 +96,27 @@ class Fp16Pass(DmlPass):
                tunable=True),
         Option("keep_io_types", True, "keep float32 graph inputs and outputs (Casts at the boundary)", type=bool),
         Option("fp16_keep_ops", "", "comma-separated op types to keep in float32, e.g. Pow,ReduceMean"),
+        Option("fp16_keep_nodes", "", "comma-separated node names to keep in float32"),
+        # Read by the engine (dmlopt/fp16_repair.py), not by the conversion: a pass cannot run ORT.
+        Option("fp16_repair", True, "when float16 fails validation, keep in float32 the nodes that need it "
+                                    "(overflow detection, then bisection) instead of refusing", type=bool),
+        Option("fp16_repair_runs", 24, "at most this many validation runs for the fp16 repair", type=int),
     )
 
     def enabled(self) -> bool:
         return bool(self.option("fp16"))
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.converted: list[str] = []  # names of the nodes that compute in float16 (the repair's candidates)
         if not self.enabled():
             return ir.passes.PassResult(model, False)
         common_passes.ShapeInferencePass()(model)
         converter = _Converter(self, model)
         modified = converter.run()
+        self.converted = [node.name for node, plan in converter.plans.items() if plan.half]
+        unknown = sorted(converter.keep_nodes - {node.name for node in model.graph})
+        if unknown:
+            self.note(f"--fp16-keep-nodes: no node named {', '.join(unknown[:10])} in the main graph")
         if modified:
             self.rewrote("<graph>", f"{converter.half_nodes} nodes in float16, {converter.kept_nodes} kept in float32, "
                                     f"{converter.casts} Casts inserted, {converter.converted_constants} constants converted")
@@ -118,7 +131,8 @@ class _Converter:
         self.model = model
         self.graph = model.graph
         self.keep_io = bool(owner.option("keep_io_types"))
-        self.keep_ops = {s.strip() for s in str(owner.option("fp16_keep_ops") or "").split(",") if s.strip()}
+        self.keep_ops = _names(owner.option("fp16_keep_ops"))
+        self.keep_nodes = _names(owner.option("fp16_keep_nodes"))
         self.plans: dict[ir.Node, NodePlan] = {}
         self.casts = 0
         self.converted_constants = 0
@@ -157,6 +171,8 @@ class _Converter:
             return plan, ""  # nothing float32 here: nothing to convert or keep
         if node.op_type in self.keep_ops:
             return plan, f"{node.op_type} kept in float32 (--fp16-keep-ops)"
+        if node.name in self.keep_nodes:
+            return plan, "kept in float32 (--fp16-keep-nodes)"
         if node.op_type in CONTROL_FLOW or any(a.type == ir.AttributeType.GRAPH for a in node.attributes.values()):
             return plan, "control flow: the node and its bodies stay float32"
         if any(v is not None and not isinstance(v.type, ir.TensorType) for v in (*node.inputs, *node.outputs)):
@@ -377,6 +393,13 @@ class _Converter:
             name = f"{base}_{n}"
         self._names.add(name)
         return name
+
+
+def _names(option) -> set[str]:
+    """A comma-separated string (the CLI) or a collection of names (the API: a name may hold a comma)."""
+    if isinstance(option, str) or option is None:
+        return {s.strip() for s in (option or "").split(",") if s.strip()}
+    return {str(s) for s in option}
 
 
 def _formal(params, i: int):

@@ -183,6 +183,28 @@ def test_keep_ops_get_casts_around_them():
     np.testing.assert_allclose(run(out, {"x": x})["y"], run(model, {"x": x})["y"], atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("keep", ["second", ("second",)])
+def test_keep_nodes_keeps_the_named_node_only(keep):
+    """The fp16 repair's mechanism: one of two Softmax nodes kept by name (CLI string or API tuple)."""
+    model = text_model("a = Softmax(x)\n b = Softmax(a)\n y = Relu(b)", "float[2,3] x", "float[2,3] y")
+    for node, name in zip(model.graph, ("first", "second", "last")):
+        node.name = name
+    out, p = convert(model, fp16_keep_nodes=keep)
+    by_name = {n.name: n for n in out.graph}
+    assert by_name["first"].outputs[0].dtype == F16 and by_name["last"].outputs[0].dtype == F16
+    assert by_name["second"].inputs[0].dtype == F32 and by_name["second"].outputs[0].dtype == F32
+    assert [(s.node, s.action) for s in p.sites if "--fp16-keep-nodes" in s.detail] == [("second", "kept")]
+    assert p.converted == ["first", "last"]
+    x = np.random.default_rng(4).standard_normal([2, 3]).astype(np.float32)
+    np.testing.assert_allclose(run(out, {"x": x})["y"], run(model, {"x": x})["y"], atol=1e-2, rtol=1e-2)
+
+
+def test_keep_nodes_names_missing_from_the_graph_are_noted():
+    model = text_model("y = Relu(x)", "float[2] x", "float[2] y")
+    _, p = convert(model, fp16_keep_nodes="nowhere, Relu_0")
+    assert any("no node named" in n and "nowhere" in n for n in p.notes)
+
+
 def test_cast_to_float_becomes_cast_to_float16():
     model = text_model("a = Cast<to = 1>(m)\n y = Mul(x, a)", "float[2,3] x, int64[2,3] m", "float[2,3] y")
     out, _ = convert(model)

@@ -53,3 +53,74 @@ def test_nans_shapes_and_missing_outputs():
     assert not compare("y", np.zeros(3), np.zeros(4)).passed
     missing = compare("y", np.zeros(3), None)
     assert not missing.passed and missing.reason == "output missing"
+
+
+def _half_model(nodes, inputs, outputs, inits=()):
+    """A float16 model built with onnx.helper (the text parser takes float16 values only as bits)."""
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                              [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+                              [numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return dmlopt.load(model)
+
+
+HALF_T, FLOAT_T = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+
+
+def test_float16_model_is_run_with_float16_rounding_of_every_value():
+    """ORT's CPU EP would compute these float16 ops in float32 between Casts it removes:
+    (x + 1000) - 1000 came back exact and x*1000 squared did not overflow."""
+    from onnx import helper
+
+    from dmlopt.validate import run, with_float16_rounding
+
+    model = _half_model([helper.make_node("Add", ["x", "big"], ["a"]), helper.make_node("Sub", ["a", "big"], ["b"]),
+                         helper.make_node("Mul", ["a", "a"], ["sq"])],
+                        [("x", HALF_T, [8])], [("b", HALF_T, [8]), ("sq", HALF_T, [8])],
+                        [("big", np.array([1000], np.float16))])
+    x = np.linspace(-1, 1, 8).astype(np.float16)
+    out = run(model, {"x": x})
+    expected = (x + np.float16(1000)) - np.float16(1000)  # numpy rounds each step to float16
+    np.testing.assert_array_equal(out["b"], expected)
+    assert out["b"].dtype == np.float16 and np.abs(out["b"] - x).max() > 0.1
+    assert np.isinf(out["sq"]).all()  # ~1e6 overflows float16
+    emulated = with_float16_rounding(model)
+    assert [v.name for v in emulated.graph.outputs] == ["b", "sq"]
+    assert [v.dtype.name for v in emulated.graph.outputs] == ["FLOAT16", "FLOAT16"]
+    assert model.graph.initializers["big"].dtype.name == "FLOAT16"  # the input model is left as it was
+
+
+def test_float16_constant_of_shape_and_cast_are_rounded_too():
+    from onnx import helper, numpy_helper
+
+    from dmlopt.validate import run
+
+    value = numpy_helper.from_array(np.array([1000], np.float16))
+    model = _half_model([helper.make_node("Cast", ["x"], ["c"], to=HALF_T),
+                         helper.make_node("ConstantOfShape", ["shape"], ["k"], value=value),
+                         helper.make_node("Add", ["c", "k"], ["s"]), helper.make_node("Sub", ["s", "k"], ["y"])],
+                        [("x", FLOAT_T, [8]), ("shape", onnx.TensorProto.INT64, [1])], [("y", HALF_T, [8])])
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    y = run(model, {"x": x, "shape": np.array([8], np.int64)})["y"]
+    np.testing.assert_array_equal(y, (x.astype(np.float16) + np.float16(1000)) - np.float16(1000))
+
+
+def test_float16_rounding_names_never_clash_with_the_models():
+    """Values already named like the rounding Casts' outputs, and an output that is also read."""
+    from onnx import helper
+
+    from dmlopt.validate import run
+
+    model = _half_model([helper.make_node("Add", ["x", "big"], ["a"], name="a__rounded_0"),
+                         helper.make_node("Sub", ["a", "big"], ["a__r0"]),
+                         helper.make_node("Relu", ["a__r0"], ["a__float32"])],
+                        [("x", HALF_T, [4])], [("a__float32", HALF_T, [4]), ("a", HALF_T, [4])],
+                        [("big", np.array([1000], np.float16))])
+    x = np.linspace(-1, 1, 4).astype(np.float16)
+    out = run(model, {"x": x})
+    a = x + np.float16(1000)
+    np.testing.assert_array_equal(out["a"], a)
+    np.testing.assert_array_equal(out["a__float32"], np.maximum(a - np.float16(1000), 0))
