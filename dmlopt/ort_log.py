@@ -26,7 +26,7 @@ __all__ = ["FUSED_PREFIXES", "capture_stderr", "parse_copies", "parse_placements
 
 PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[([^\]]+)\]\. Number of nodes: (\d+)")
 # A node line: "OpType (name)", after the log prefix or alone as a continuation line.
-NODE = re.compile(r"^(?:.*VerifyEachNodeIsAssignedToAnEp\]\s+|\s+)([A-Za-z_][\w.]*) \((.*)\)\s*$")
+NODE = re.compile(r"^(?:.*VerifyEachNodeIsAssignedToAnEp\]\s+|\s*)([A-Za-z_][\w.]*) \((.*)\)\s*$")
 LOG_PREFIX = re.compile(r"\[[VIWEF]:onnxruntime:")
 COPY = re.compile(r"Add (MemcpyFromHost|MemcpyToHost) (after|before) (.+) for (\S+)\s*$")
 # Nodes ORT makes for a compiled DirectML partition (DmlGraphFusionTransformer,
