@@ -215,7 +215,7 @@ def cmd_optimize(args) -> int:
             print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
                   f"(--force writes it anyway)", file=sys.stderr)
         return EXIT_CHECK
-    print(f"wrote {output}", file=sys.stderr)
+    print(f"wrote {output}{_session_config_written(rep)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -245,7 +245,11 @@ def _write_session_config(rep, output: str, path: str | None, protect) -> None:
     session_config.write(rep.session_config["config"], path, output, protect=(*protect, output))
     rep.session_config["config"]["model"] = os.path.basename(output)
     rep.session_config.update(path=path, snippet=session_config.snippet(path))
-    print(f"wrote {path}", file=sys.stderr)
+
+
+def _session_config_written(rep) -> str:
+    path = (rep.session_config or {}).get("path")
+    return f" and {path}" if path else ""
 
 
 def _add_calibrate_parser(sub) -> None:

@@ -267,8 +267,9 @@ def _session_section(r: dict[str, Any]) -> str:
         badge = "ok" if capture.get("ready") else "warn"
         parts.append(f'<p><span class="badge {badge}">{"ready" if capture.get("ready") else "not ready"}</span> '
                      f'{esc(capture.get("line"))}</p><p class="note">{esc(capture.get("basis"))}</p>')
-        rows = [(esc(b.get("kind")), esc(b.get("detail")), f'<span class="mono">{esc(", ".join(b.get("nodes", [])[:20]))}'
-                 f'</span>', "ORT refuses it" if b.get("known") else "predicted") for b in capture.get("blockers", [])]
+        rows = [(esc(b.get("kind")), esc(b.get("detail")),
+                 f'<span class="mono">{esc(", ".join(b.get("nodes", [])[:20]))}</span>',
+                 "ORT refuses it" if b.get("known") else "predicted") for b in capture.get("blockers", [])]
         if rows:
             parts.append(_table(("what stops it", "why", "nodes", "certainty"), rows, table_id="graph-capture"))
         parts.extend(f'<p class="note">{esc(w)}</p>' for w in capture.get("warnings", []))
