@@ -173,3 +173,9 @@ def test_an_earlier_configuration_is_replaced(cli, tmp_path):
     assert cli("optimize", src, "-o", out, "-q").code == 0
     assert cli("optimize", src, "-o", out, "-q", "--dim", "N=1").code == 0
     assert json.loads((tmp_path / "out.session.json").read_text())["free_dimension_overrides"] == {}
+
+
+def test_readme_shows_the_snippet_dmlopt_writes():
+    readme = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(readme, "README.md"), encoding="utf-8") as f:
+        assert session_config.snippet("out.session.json") in f.read()
