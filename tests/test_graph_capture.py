@@ -134,3 +134,16 @@ def test_inspect_prints_the_line_and_json_lists_all(cli, tmp_path):
     info = json.loads(r.out)
     assert info["graph_capture"]["ort_version"] == info["placement"]["ort_version"]
     assert info["graph_capture"]["blockers"][0]["dims"] == ["batch"]
+
+
+def test_gather_from_a_huge_vector_skips_onnx_data_propagation():
+    """onnx's Gather data propagation costs ~70 bytes per element of a 1-D data input (20 GB for
+    the 275M-element weights of tests/test_external_data.py); readiness must stay cheap."""
+    from dmlopt import shape_inference
+
+    n = shape_inference.HUGE_VECTOR_ELEMENTS + 1
+    w = numpy_helper.from_array(np.zeros(n, dtype=np.float32), "W")
+    m = _model([helper.make_node("Gather", ["W", "idx"], ["y"], name="gather")],
+               [helper.make_tensor_value_info("idx", TensorProto.INT64, [4])], [_f("y", [4])], [w])
+    assert shape_inference._gathers_from_huge_vector(shape_inference.weightless_proto(m))
+    assert graph_capture_readiness(m, "dml").ready
