@@ -9,8 +9,10 @@ user attaches to an issue so the table can be corrected.
 
 What can be matched: ORT lists nodes outside compiled DirectML partitions by name; nodes
 inside a partition are replaced by one ``DmlFusedNode_*`` node, and nodes ORT fused or
-renamed at level 2 keep no name of the model.  Such nodes are reported as not listed, never
-counted as agreeing.  Unnamed nodes cannot be matched (dmlopt names them ``Op_index``).
+renamed at level 2 keep no name of the model, so the session runs at ORT_ENABLE_BASIC (placement
+is decided after level 1 and before level 2, so it is the same).  Nodes not listed are reported
+as such, never counted as agreeing.  Unnamed nodes cannot be matched (dmlopt names them
+``Op_index``).
 """
 
 from __future__ import annotations
