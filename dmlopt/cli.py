@@ -1,4 +1,4 @@
-"""The `dmlopt` command: optimize | inspect | validate | bench | passes | demo.
+"""The `dmlopt` command: optimize | inspect | validate | bench | calibrate | passes | demo.
 
 Exit codes: 0 ok, 1 a check failed (numerics), 2 bad input or usage.  Every error the
 user can act on is one line on stderr, never a traceback (DMLOPT_DEBUG=1 shows it).
@@ -83,6 +83,7 @@ def build_parser() -> Parser:
     p.add_argument("--rtol", type=float, help="tolerance relative to the output's magnitude (default by dtype)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    _add_session_config_args(p)
     seen = set()
     for name, (cls, opt) in pass_options().items():
         if opt.flag in seen:
@@ -144,6 +145,8 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
+    _add_calibrate_parser(sub)
+
     sub.add_parser("passes", help="list every pass with a one-line description and its options")
 
     p = sub.add_parser("demo", help="optimize the bundled models and show a before/after table")
@@ -193,6 +196,7 @@ def cmd_optimize(args) -> int:
     _check_output_path(output, protect)
     if args.report:
         _check_report_path(args.report)
+    session_path = _session_config_target(args, output, protect)
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
     result = dmlopt.optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
                              ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
@@ -204,6 +208,7 @@ def cmd_optimize(args) -> int:
         dmlopt.save(result.model, output, protect=protect)
         rep.written = os.fspath(output)
         rep.forced = not ok
+        _write_session_config(rep, output, session_path, protect)
     if args.report:
         report_mod.write(rep, args.report)
     print(rep.to_json() if args.json else rep.to_table())
@@ -216,7 +221,73 @@ def cmd_optimize(args) -> int:
             print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
                   f"(--force writes it anyway)", file=sys.stderr)
         return EXIT_CHECK
-    print(f"wrote {output}", file=sys.stderr)
+    print(f"wrote {output}{_session_config_written(rep)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _add_session_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-session-config", dest="session_config", action="store_false", default=True,
+                   help="do not write OUT.session.json (the recommended ONNX Runtime session for the target)")
+
+
+def _session_config_target(args, output: str, protect) -> str | None:
+    """Where the session configuration goes (None with --no-session-config); checked before the work."""
+    from dmlopt import session_config
+
+    if not args.session_config:
+        return None
+    path = session_config.config_path(output)
+    session_config.check_path(path, (*protect, output, output + ".data", args.report))
+    return path
+
+
+def _write_session_config(rep, output: str, path: str | None, protect) -> None:
+    """Write the recommended session beside the written model; without it the report keeps no snippet."""
+    from dmlopt import session_config
+
+    if path is None or not rep.session_config:
+        rep.session_config = None
+        return
+    session_config.write(rep.session_config["config"], path, output, protect=(*protect, output))
+    rep.session_config["config"]["model"] = os.path.basename(output)
+    rep.session_config.update(path=path, snippet=session_config.snippet(path))
+
+
+def _session_config_written(rep) -> str:
+    path = (rep.session_config or {}).get("path")
+    return f" and {path}" if path else ""
+
+
+def _add_calibrate_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="run on the real DirectML EP: predicted vs actual placement, as JSON",
+                       description="Create a DirectML session with ORT's verbose log and profiling, run the model "
+                                   "once, and compare where ORT put each node, the copies and the compiled "
+                                   "partitions with dmlopt's placement table for that ORT version. Needs "
+                                   "onnxruntime-directml (Windows); elsewhere it exits 2.")
+    p.add_argument("model")
+    p.add_argument("--ort-version", default="auto",
+                   help="placement table to compare with (default auto: the onnxruntime installed here)")
+    p.add_argument("-o", "--output", metavar="CALIB.json", help="write the full comparison as JSON")
+    _add_shape_args(p)
+    p.add_argument("--json", action="store_true", help="print the JSON instead of a table")
+
+
+def cmd_calibrate(args) -> int:
+    from dmlopt import calibrate
+    from dmlopt.model import check_input, external_data_files, load
+
+    if args.output:
+        _check_output_path(args.output, (args.model, *external_data_files(args.model)))
+        if not args.output.endswith(".json"):
+            raise UsageError(f"-o {args.output}: the name must end in .json")
+    shapes, dims = _shapes(args)
+    model = load(args.model)
+    check_input(model)
+    result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims)
+    result["model"] = os.path.basename(args.model)
+    if args.output:
+        calibrate.write(result, args.output)
+    print(json.dumps(result, indent=2, default=str) if args.json else calibrate.to_table(result))
     return EXIT_OK
 
 
@@ -333,6 +404,7 @@ COMMANDS = {
     "inspect": cmd_inspect,
     "validate": cmd_validate,
     "bench": cmd_bench,
+    "calibrate": cmd_calibrate,
     "passes": cmd_passes,
     "demo": cmd_demo,
 }

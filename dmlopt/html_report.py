@@ -72,6 +72,7 @@ def render(report) -> str:
         _passes_section(r),
         _histogram_section(r),
         _placement_section(r),
+        _session_section(r),
         _choices_section(r),
         _validation_section(r),
     ]
@@ -253,6 +254,43 @@ def _placement_section(r: dict[str, Any]) -> str:
     return (f'<section><h2>DirectML placement (predicted, ORT {esc(version)})</h2><p class="note">What the '
             f'placement model predicts the DirectML EP does with the graph: nodes left on the CPU and the '
             f'CPU&harr;GPU copies they cause.</p>{table}{blocks}{cpu_table}</section>')
+
+
+def _session_section(r: dict[str, Any]) -> str:
+    """Graph-capture readiness and the recommended session: each entry with its reason, and the
+    Python that creates the session from the JSON written beside the model."""
+    capture, session = r.get("graph_capture"), r.get("session_config")
+    if not capture and not session:
+        return ""
+    parts = ['<section id="session"><h2>Session</h2>']
+    if capture:
+        badge = "ok" if capture.get("ready") else "warn"
+        parts.append(f'<p><span class="badge {badge}">{"ready" if capture.get("ready") else "not ready"}</span> '
+                     f'{esc(capture.get("line"))}</p><p class="note">{esc(capture.get("basis"))}</p>')
+        rows = [(esc(b.get("kind")), esc(b.get("detail")),
+                 f'<span class="mono">{esc(", ".join(b.get("nodes", [])[:20]))}</span>',
+                 "ORT refuses it" if b.get("known") else "predicted") for b in capture.get("blockers", [])]
+        if rows:
+            parts.append(_table(("what stops it", "why", "nodes", "certainty"), rows, table_id="graph-capture"))
+        parts.extend(f'<p class="note">{esc(w)}</p>' for w in capture.get("warnings", []))
+    cfg = (session or {}).get("config")
+    if cfg:
+        rows = []
+        for group in ("provider_options", "session_options", "session_config_entries", "free_dimension_overrides"):
+            for key, value in (cfg.get(group) or {}).items():
+                rows.append((esc(group), f'<code>{esc(key)}</code>', f'<code>{esc(value)}</code>',
+                             esc(cfg.get("reasons", {}).get(f"{group}.{key}", ""))))
+        for key, why in (cfg.get("not_set") or {}).items():
+            rows.append(("not set", f"<code>{esc(key)}</code>", "-", esc(why)))
+        where = (f' written to <code>{esc(session["path"])}</code>' if session.get("path") else
+                 " (not written)")
+        parts.append(f'<h3>Recommended for {esc(cfg.get("provider"))}{where}</h3>')
+        parts.append(_table(("where", "key", "value", "why"), rows, table_id="session-config"))
+        if session.get("snippet"):
+            parts.append(f'<p class="note">Create the session from it:</p><pre class="mono">'
+                         f'{esc(session["snippet"])}</pre>')
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def _choices_section(r: dict[str, Any]) -> str:

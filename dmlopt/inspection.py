@@ -10,6 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.report import _io
 
@@ -85,10 +86,13 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
             "control_flow": control,
         },
     }
+    predicted = None
     if ep == "dml":
         from dmlopt import placement
 
-        info["placement"] = placement.predict(m, ort_version=ort_version).to_dict()
+        predicted = placement.predict(m, ort_version=ort_version)
+        info["placement"] = predicted.to_dict()
+    info["graph_capture"] = graph_capture_readiness(m, "dml", ort_version, placement=predicted).to_dict()
     return info
 
 
@@ -116,6 +120,8 @@ def to_table(info: dict[str, Any]) -> str:
     lines.append(f"  Einsum: {len(s['einsum'])}" + (f" ({', '.join(eqs)})" if eqs else ""))
     lines.append(f"  shape-arithmetic nodes: {s['shape_arithmetic']}")
     lines.append(f"  If/Loop/Scan: {len(s['control_flow'])}")
+    if "graph_capture" in info:
+        lines.append(info["graph_capture"]["line"])
     if "placement" in info:
         from dmlopt import placement
 

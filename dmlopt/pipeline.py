@@ -19,9 +19,10 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt import fp16_repair
+from dmlopt import bench, fp16_repair, runtime, session_config
 from dmlopt import report as report_mod
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
+from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load, without_external_data
 from dmlopt.passes import DmlPass, Option, PassContext, all_passes
 
@@ -220,7 +221,28 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
             progress(f"time before/after on {target}")
         rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,
                                   progress=progress)
+    if out.passed:
+        _session_recommendation(rep, work, context, tune, progress)
     return out
+
+
+def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: bool, progress=None) -> None:
+    """The report's graph-capture readiness and recommended session configuration for the target;
+    with --tune on the target's machine the provider options are measured (bench.tune_ep) first."""
+    target = context.target
+    readiness = None
+    if target in ("dml", "cuda"):
+        readiness = graph_capture_readiness(work, target, context.ort_version)
+        rep.graph_capture = readiness.to_dict()
+    ep_tuning = None
+    if tune and target in ("dml", "cuda") and runtime.has_target(target):
+        if progress:
+            progress(f"time provider options on {target}")
+        ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,
+                                  free_dims=context.dims)
+    cfg = session_config.recommend(work, target, ort_version=context.ort_version, readiness=readiness,
+                                   ep_tuning=ep_tuning, dims=context.dims)
+    rep.session_config = {"config": cfg, "path": None, "snippet": None}
 
 
 def _resolve_auto(p: DmlPass, work: ir.Model, original: ir.Model, context: PassContext, rep,

@@ -14,6 +14,10 @@ The JSON schema (documented in README.md, key names are stable):
   timing       {provider, before_ms, after_ms, speedup, ratio_median, runs, before{}, after{},
                load_s_before, load_s_after, copies_before, copies_after, io_binding} when re-timed
   placement    {before, after} predicted DirectML placement, when computed
+  graph_capture  {target, provider, ort_version, ready, line, basis, blockers [{kind, summary, detail,
+               nodes, known}], warnings}: graph-capture readiness of the output (targets dml, cuda)
+  session_config {config, path, snippet}: the recommended session (dmlopt.session_config), the file
+               written beside the output (null with --no-session-config) and the Python that loads it
   written      the output path, or null when nothing was written
 """
 
@@ -53,6 +57,8 @@ class Report:
     fp16_repair: dict[str, Any] | None = None
     timing: dict[str, Any] | None = None
     placement: dict[str, Any] | None = None
+    graph_capture: dict[str, Any] | None = None
+    session_config: dict[str, Any] | None = None
     written: str | None = None
     forced: bool = False
 
@@ -139,7 +145,19 @@ class Report:
             t = self.timing
             parts.append(f"latency on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms "
                          f"(x{t['speedup']:.2f})")
+        parts.extend(_session_text(self.graph_capture, self.session_config))
         return "\n\n".join(parts)
+
+
+def _session_text(capture: dict[str, Any] | None, session: dict[str, Any] | None) -> list[str]:
+    """The readiness line and, once the configuration file is written, the snippet that loads it."""
+    parts = []
+    if capture:
+        parts.append(capture["line"])
+    if session and session.get("path"):
+        parts.append(f"session configuration: {session['path']} (create the session with):\n"
+                     + "\n".join("    " + line if line else "" for line in session["snippet"].splitlines()))
+    return parts
 
 
 def _choice_summary(choice: dict[str, Any]) -> dict[str, Any]:

@@ -95,12 +95,14 @@ def _has_external(model: ir.Model) -> bool:
 
 def session(model: ir.Model, target: str = "cpu", *, provider_options=None, optimize: bool = True,
             session_config: Mapping[str, str] | None = None, free_dims: Mapping[str, int] | None = None,
-            profile_dir: str | None = None, log_severity: int | None = None):
+            profile_dir: str | None = None, log_severity: int | None = None, level: str | None = None):
     """An InferenceSession of `model` on `target`.  `optimize=False` turns ORT's rewrites off,
-    which validation uses so that the graph itself is compared, not ORT's version of it."""
+    which validation uses so that the graph itself is compared, not ORT's version of it;
+    `level` names a GraphOptimizationLevel instead (calibration keeps node names with ORT_ENABLE_BASIC)."""
     rt = ort()
     so = rt.SessionOptions()
-    so.graph_optimization_level = (rt.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+    so.graph_optimization_level = (getattr(rt.GraphOptimizationLevel, level) if level else
+                                   rt.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                    else rt.GraphOptimizationLevel.ORT_DISABLE_ALL)
     if target == "dml":
         so.enable_mem_pattern = False

@@ -58,8 +58,9 @@ def inferred_values(model: ir.Model, *, data_prop: bool = True) -> dict[ir.Graph
     The returned values are detached copies carrying only ``type`` and ``shape``; `model` is not
     changed.  Raises what onnx raises (callers treat inference as best effort).
     """
-    proto = onnx.shape_inference.infer_shapes(weightless_proto(model), check_type=False, strict_mode=False,
-                                              data_prop=data_prop)
+    proto = weightless_proto(model)
+    data_prop = data_prop and not _gathers_from_huge_vector(proto)
+    proto = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=data_prop)
     found: dict[ir.Graph, dict[str, ir.Value]] = {}
     _collect(model.graph, proto.graph, found)
     return found
@@ -115,3 +116,19 @@ def _collect(graph: ir.Graph, proto: onnx.GraphProto, found: dict[ir.Graph, dict
             elif attr.type == ir.AttributeType.GRAPHS:
                 for sub, sub_proto in zip(attr.as_graphs(), attributes[name].graphs):
                     _collect(sub, sub_proto, found)
+
+
+# onnx's data propagation through Gather holds one shape dim per element of a 1-D data input: a
+# 1-D weight of 275M elements (tests/test_external_data.py) took 20 GB.  Shape arithmetic never
+# gathers from a vector that large, so above this size data propagation is left off.
+HUGE_VECTOR_ELEMENTS = 1 << 20
+
+
+def _gathers_from_huge_vector(proto: onnx.ModelProto) -> bool:
+    """Whether a main-graph Gather reads a declared 1-D input of more than HUGE_VECTOR_ELEMENTS."""
+    huge = set()
+    for value in proto.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == 1 and dims[0].HasField("dim_value") and dims[0].dim_value > HUGE_VECTOR_ELEMENTS:
+            huge.add(value.name)
+    return bool(huge) and any(n.op_type == "Gather" and n.input and n.input[0] in huge for n in proto.graph.node)
