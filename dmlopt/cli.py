@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from dmlopt import __version__
-from dmlopt.errors import DmlOptError, UsageError
+from dmlopt.errors import DmlOptError, InputError, UsageError
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -343,6 +343,7 @@ def cmd_validate(args) -> int:
 
 def cmd_bench(args) -> int:
     from dmlopt import bench, runtime
+    from dmlopt.graph_capture import graph_capture_readiness
     from dmlopt.model import load
 
     if args.runs < 1 or args.warmup < 0:
@@ -372,12 +373,18 @@ def cmd_bench(args) -> int:
     common = dict(runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims, free_dims=dims,
                   provider_options=options, progress=progress, cuda_graph=args.cuda_graph)
     model = load(args.model)
-    if args.tune_ep:
-        out = bench.tune_ep(model, target, **common)
-    elif args.compare:
-        out = bench.compare({"model": model, "other": load(args.compare)}, target, **common)
-    else:
-        out = bench.time_model(model, target, **common)
+    try:
+        if args.tune_ep:
+            out = bench.tune_ep(model, target, **common)
+        elif args.compare:
+            out = bench.compare({"model": model, "other": load(args.compare)}, target, **common)
+        else:
+            out = bench.time_model(model, target, **common)
+    except InputError as e:
+        if not args.cuda_graph:
+            raise
+        # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
+        raise InputError(f"{e} ({graph_capture_readiness(model, 'cuda').line()})") from e
     print(json.dumps(out, indent=2, default=str) if args.json else bench.to_table(out, profile=args.profile))
     return EXIT_OK
 

@@ -266,6 +266,21 @@ def test_bench_bad_arguments_are_one_line_exit_2(cli, model_path):
         assert len([l for l in r.err.splitlines() if l.strip()]) == 1, r.err
 
 
+
+def test_cuda_graph_refusal_names_what_stops_capture(cli, model_path, monkeypatch):
+    """ORT's refusal comes with the readiness analysis: here the dynamic batch dim of the model."""
+    def refuse(*args, **kwargs):
+        raise InputError("the model cannot run as a CUDA graph: outputs of unknown shape")
+
+    monkeypatch.setattr(runtime, "resolve_ep", lambda ep: "cuda")
+    monkeypatch.setattr(bench, "time_model", refuse)
+    r = cli("bench", model_path, "--ep", "cuda", "--cuda-graph")
+    assert r.code == 2
+    lines = [l for l in r.err.splitlines() if l.strip()]
+    assert len(lines) == 1, r.err
+    assert "outputs of unknown shape" in lines[0] and "graph capture (CUDA" in lines[0]
+    assert "not ready" in lines[0] and "'N'" in lines[0], lines[0]
+
 # -- progress --------------------------------------------------------------------------------
 
 class FakeTerminal(io.StringIO):
