@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt import report as report_mod
+from dmlopt import tune as tuning
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load, without_external_data
 from dmlopt.passes import DmlPass, Option, PassContext, all_passes
@@ -129,10 +130,9 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     `retime`: time before/after on the target (report.timing); None (default) does so
     when the target's provider is on this machine, True requires it, False skips it.
     """
-    from dmlopt import tune as tuning
-
     if target not in TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(TARGETS)})")
+    tuning.require_validation(tune, validate)
     if tune or retime:
         tuning.require_target(target)  # before any work: exit 2 naming the providers present
     if progress and isinstance(model, (str, os.PathLike)):
@@ -149,26 +149,20 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
                           dims=dict(dims or {}), options=checked)
     context.options["tune"] = tune
-    work = original.clone()
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options=checked)
     explicit = passes is not None
-    strict = _strict_clean(original)
-    for cls in pass_classes:
-        p = cls(context)
-        if not explicit and not p.enabled() and not tuning.pending(p, context):
-            continue
-        if progress:
-            progress(f"pass {p.name}")
-        before = op_counts(work)
-        t0 = time.perf_counter()
-        _resolve_auto(p, work, original, context, rep, dict(inputs=inputs, atol=atol, rtol=rtol), progress)
-        if not explicit and not p.enabled():
-            continue  # tuning left it off (e.g. fp16 measured slower)
-        result = p(work)
-        work = result.model
-        elapsed = time.perf_counter() - t0
-        check_model(work, f"pass '{p.name}'", strict=strict)
-        rep.add_pass(p, before=before, after=op_counts(work), modified=result.modified, seconds=elapsed)
+    run = PassRunner(pass_classes, context, explicit=explicit, strict=_strict_clean(original))
+    # Options left to choose are decided first, each candidate as the whole pipeline's output (dmlopt.tune).
+    outcome = tuning.resolve(tuning.steps(pass_classes, context), original, context, run, validate_output=validate,
+                             check=dict(inputs=inputs, atol=atol, rtol=rtol), progress=progress)
+    context.options.update(outcome.options)
+    for pass_name, option, choice, record in outcome.records:
+        rep.add_choice(pass_name, option, choice, record)
+
+    def record(p: DmlPass, before: dict[str, int], after: ir.Model, modified: bool, seconds: float) -> None:
+        rep.add_pass(p, before=before, after=op_counts(after), modified=modified, seconds=seconds)
+
+    work, _ = run(original.clone(), context.options, only=outcome.only, on_pass=record, progress=progress)
     rep.finish(work, initializer_bytes(original), initializer_bytes(work))
     out = Result(work, rep)
     atol, rtol = tuning.validation_tolerances(context.options, atol, rtol)
@@ -184,7 +178,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     from dmlopt import bench, runtime
 
-    if out.passed and (retime or (retime is None and runtime.has_target(target))):
+    # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
+    if out.passed and (retime or (retime is None and validate and runtime.has_target(target))):
         if progress:
             progress(f"time before/after on {target}")
         rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,
@@ -192,16 +187,38 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     return out
 
 
-def _resolve_auto(p: DmlPass, work: ir.Model, original: ir.Model, context: PassContext, rep,
-                  check: dict[str, Any] | None = None, progress=None) -> None:
-    """Turn an option left at 'auto' (or, with --tune, any tunable option the user did not
-    set) into a concrete choice: measured, or the documented default (dmlopt.tune)."""
-    from dmlopt import tune
+class PassRunner:
+    """The selected passes in order, each checked after it runs (tuning runs parts of it, the pipeline all).
 
-    for opt in tune.pending(p, context):
-        choice, record = tune.choose(p, opt, work, original, context, check, progress)
-        context.options[opt.name] = choice
-        rep.add_choice(p.name, opt.name, choice, record)
+    A pass that is not enabled under the options (fp16 without --fp16) is skipped unless the
+    user named the passes."""
+
+    def __init__(self, passes: Sequence[type[DmlPass]], context: PassContext, *, explicit: bool, strict: bool):
+        self.passes = list(passes)
+        self.context = context
+        self.explicit = explicit
+        self.strict = strict
+
+    def __call__(self, model: ir.Model, options: dict[str, Any], *, start: int = 0, stop: int | None = None,
+                 only: set[int] | None = None, on_pass=None, progress=None) -> tuple[ir.Model, dict[int, bool]]:
+        context = dataclasses.replace(self.context, options=dict(options))
+        modified: dict[int, bool] = {}
+        for index in range(start, len(self.passes) if stop is None else stop):
+            p = self.passes[index](context)
+            if (only is not None and index not in only) or (not self.explicit and not p.enabled()):
+                continue
+            if progress:
+                progress(f"pass {p.name}")
+            before = op_counts(model) if on_pass else {}
+            t0 = time.perf_counter()
+            result = p(model)
+            model = result.model
+            elapsed = time.perf_counter() - t0
+            check_model(model, f"pass '{p.name}'", strict=self.strict)
+            modified[index] = bool(result.modified)
+            if on_pass:
+                on_pass(p, before, model, result.modified, elapsed)
+        return model, modified
 
 
 def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol) -> str | None:
