@@ -245,24 +245,37 @@ class _Tuner:
         current = self.resolved(self.plan)[name]
         choices = candidates(opt)
         builds: dict[Any, _Build] = {}
-        changed = unchanged = False
-        for choice in choices:
-            options = self.resolved({**self.plan, name: choice})
-            reuse = self.best if self.key(options) == self.key(self.best.options) else None
-            if name == PRECISION_OPTION:  # the precision changes the earlier passes' defaults: the whole pipeline
-                build = reuse or self.build(options, label=f"{opt.flag} {choice}")
-                modified = build.rejected is not None or build.modified.get(index, False)
-            else:
+        changed = False
+        if name == PRECISION_OPTION:  # the precision changes the earlier passes' defaults: whole pipelines
+            for choice in choices:
+                options = self.resolved({**self.plan, name: choice})
+                reuse = self.best if self.key(options) == self.key(self.best.options) else None
+                builds[choice] = build = reuse or self.build(options, label=f"{opt.flag} {choice}")
+                changed = changed or build.rejected is not None or build.modified.get(index, False)
+        else:
+            # The pass alone on the shared prefix first: candidates that leave the graph alone share one
+            # output, and where no candidate changes it nothing is built or timed.
+            trials = {}
+            for choice in sorted(choices, key=lambda c: c != current):  # the current one first: it is built
+                options = self.resolved({**self.plan, name: choice})
                 model, done = self.run(self.prefix(index), options, start=index, stop=index + 1)
-                modified = done.get(index, False)
+                trials[choice] = (options, model, done.get(index, False))
+            changed = any(modified for _, _, modified in trials.values())
+            unchanged = False
+            for choice, (options, model, modified) in trials.items() if changed else ():
                 if not modified and unchanged:
                     continue  # the same output as another candidate that left the graph alone
-                build = reuse or self.build(options, label=f"{opt.flag} {choice}", start=index + 1, model=model)
-            changed, unchanged = changed or modified, unchanged or not modified
-            builds[choice] = build
+                unchanged = unchanged or not modified
+                same = self.key(options) == self.key(self.best.options)
+                builds[choice] = self.best if same else self.build(options, label=f"{opt.flag} {choice}",
+                                                                   start=index + 1, model=model)
+            del trials
+            builds = {c: builds[c] for c in choices if c in builds}  # the report lists them in declared order
         if not changed:
             self.plan[name] = _baseline(choices, current)
-            self.best = dataclasses.replace(self.best, options=self.resolved(self.plan))  # the same model
+            same = dataclasses.replace(self.best, options=self.resolved(self.plan))  # the same model
+            self.default = same if self.best is self.default else self.default
+            self.best = same
             return step.pass_name, name, self.plan[name], {
                 "how": "not timed: no choice changes this graph (nothing for the pass to do)",
                 "precision": self.best.precision, "candidates": {}, "rejected": {}}

@@ -32,8 +32,8 @@ class Option:
     # What "auto" means when nothing is measured: target -> choice, or target -> {precision -> choice}
     # where the better choice depends on the precision the model is written in (float32, float16).
     auto_default: Mapping[str, Any] | None = None
-    # Where those defaults come from (what was measured, or the reasoning), shown in the report.
-    auto_default_source: str = ""
+    # Where those defaults come from, per target (what was measured, or the reasoning): in the report.
+    auto_default_source: Mapping[str, str] | None = None
 
     @property
     def flag(self) -> str:
@@ -55,9 +55,10 @@ class Option:
         """Says which default applied and why: per target and, where it differs, per precision."""
         per_precision = isinstance((self.auto_default or {}).get(target), Mapping)
         where = f"--target {target}" + (f" in {precision}" if per_precision else "")
-        declared = self.auto_default is not None and target in self.auto_default
-        text = f"the documented default for {where}" if declared else "the option's default"
-        return f"{text} ({self.auto_default_source})" if self.auto_default_source and declared else text
+        if self.auto_default is None or target not in self.auto_default:
+            return "the option's default"
+        source = (self.auto_default_source or {}).get(target)
+        return f"the documented default for {where}" + (f" ({source})" if source else "")
 
 
 def precision_of(options: Mapping[str, Any]) -> str:

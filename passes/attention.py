@@ -442,9 +442,10 @@ class AttentionPass(DmlPass):
         Option("attention", "auto", "fuse attention into com.microsoft MultiHeadAttention, or keep it",
                choices=("auto", "fuse", "keep"), tunable=True,
                auto_default={"dml": "fuse", "cuda": {"float32": "keep", "float16": "fuse"}, "cpu": "keep"},
-               auto_default_source="CUDA: measured on an H200 (onnxruntime-gpu 1.31, SAM ViT-B), fused "
-                                   "MultiHeadAttention is slower than MatMul+Softmax in float32 and faster in "
-                                   "float16; DirectML: one operator instead of about ten per block"),
+               auto_default_source={
+                   "cuda": "measured on an H200, onnxruntime-gpu 1.31, SAM ViT-B: fused MultiHeadAttention is "
+                           "slower than MatMul+Softmax in float32 and faster in float16",
+                   "dml": "one MultiHeadAttention operator instead of about ten per block"}),
     )
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:

@@ -127,7 +127,8 @@ def test_the_attention_default_for_cuda_depends_on_the_precision():
     assert opt.default_for("cpu", "float16") == "keep"
     assert "--target cuda in float16" in opt.default_provenance("cuda", "float16")
     assert "measured" in opt.default_provenance("cuda", "float32")
-    assert opt.default_provenance("cpu", "float32").startswith("the documented default for --target cpu (")
+    assert opt.default_provenance("cpu", "float32") == "the documented default for --target cpu"
+    assert fp16_option().default_provenance("cuda") == "the option's default"
     # A pass run outside the pipeline resolves 'auto' the same way.
     half = AttentionPass(PassContext(target="cuda", options={"fp16": True}))
     assert half.resolved_option("attention") == "fuse"
