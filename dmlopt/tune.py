@@ -258,9 +258,13 @@ class _Tuner:
             trials = {}
             for choice in sorted(choices, key=lambda c: c != current):  # the current one first: it is built
                 options = self.resolved({**self.plan, name: choice})
-                model, done = self.run(self.prefix(index), options, start=index, stop=index + 1)
+                try:
+                    model, done = self.run(self.prefix(index), options, start=index, stop=index + 1)
+                except DmlOptError as e:  # this choice breaks the model: reported, never shipped
+                    builds[choice] = _Build(options, None, rejected=f"invalid model: {e}")
+                    continue
                 trials[choice] = (options, model, done.get(index, False))
-            changed = any(modified for _, _, modified in trials.values())
+            changed = bool(builds) or any(modified for _, _, modified in trials.values())
             unchanged = False
             for choice, (options, model, modified) in trials.items() if changed else ():
                 if not modified and unchanged:

@@ -325,3 +325,20 @@ def test_cli_fp16_flag_and_json_report(cli, model_path, tmp_path):
     assert rep["options"]["fp16"] is True
     assert rep["passes"][0]["name"] == "fp16" and rep["passes"][0]["op_delta"] == {"Cast": 2}
     assert rep["validation"]["passed"] and rep["validation"]["outputs"][0]["atol"] == DEFAULT_TOLERANCES["float16"][0]
+
+
+def test_a_choice_that_breaks_the_model_is_rejected_not_fatal(monkeypatch, attention_model):
+    call = AttentionPass.call
+
+    def broken_fuse(self, model):
+        result = call(self, model)
+        if self.option("attention") == "fuse":
+            next(iter(model.graph)).attributes["perm"] = ir.AttrInt64s("perm", [9])  # an invalid attribute
+        return result
+
+    monkeypatch.setattr(AttentionPass, "call", broken_fuse)
+    fake_timer(monkeypatch, sam_like)
+    result = dmlopt.optimize(attention_model, target="cpu", fp16=True, attention="auto", retime=False)
+    assert result.passed and not is_fused(result.model)
+    record = choice(result, "attention")
+    assert record["choice"] == "keep" and record["rejected"]["fuse"].startswith("invalid model: pass 'attention'")
