@@ -15,9 +15,10 @@ validated with the final precision's tolerances and timed in alternation with th
 candidates of the same option.  The option that sets the precision is decided first, then
 the others in pipeline order, each starting from the model as the earlier passes left it
 (one shared prefix, so the cost is one pipeline run per candidate that changes the graph).
-A last round times the tuned output against the untuned default output and the input,
-and keeps the fastest (ties within noise go to the tuned one): tuning never makes the
-result slower than either beyond noise.
+A last round times the tuned output against the untuned default output and the input and
+keeps the fastest; the tuned one stays unless another is faster beyond noise (by the median
+of per-pair ratios and by median latency), so tuning never makes the result slower than
+either beyond noise.
 
 Nothing is run when nothing may be: without the target provider, or with validation off,
 each option takes its documented default (per target and precision, ``Option.default_for``)
@@ -318,8 +319,8 @@ class _Tuner:
         timed = self.time(entries, baseline, "the result")
         winner = _fastest(timed["models"], preferred=["tuned", "default", "input"])
         return {"how": (f"measured on {timed['provider']}: the tuned output against the untuned default output "
-                        f"and the input ({TUNE_RUNS} alternating runs); the fastest is written, ties within "
-                        f"{NOISE:.0%} go to the tuned one"),
+                        f"and the input ({TUNE_RUNS} alternating runs); the fastest is written, the tuned one unless "
+                        f"another is more than {NOISE:.0%} faster"),
                 "precision": entries[winner].precision, "baseline": baseline,
                 "candidates": _candidates(timed, entries, baseline), "rejected": rejected}, winner
 
@@ -349,10 +350,16 @@ def _baseline(choices: list, current: Any) -> Any:
 
 
 def _fastest(models: Mapping[str, Mapping[str, Any]], preferred: Sequence[str]) -> str:
-    """The fastest by median ratio; a preferred one within NOISE of it wins instead (first preferred first)."""
+    """The fastest by the median of per-pair ratios, unless a preferred one (first preferred first) is
+    within NOISE of it by that ratio or by median latency: only a clear difference moves the choice."""
     fastest = min(models, key=lambda c: models[c]["ratio_median"])
-    limit = models[fastest]["ratio_median"] * (1 + NOISE)
-    return next((c for c in preferred if c in models and models[c]["ratio_median"] <= limit), fastest)
+
+    def as_fast(c: str) -> bool:
+        m, f = models[c], models[fastest]
+        return (m["ratio_median"] <= f["ratio_median"] * (1 + NOISE)
+                or m["latency_ms"]["median"] <= f["latency_ms"]["median"] * (1 + NOISE))
+
+    return next((c for c in preferred if c in models and as_fast(c)), fastest)
 
 
 def _candidates(timed: Mapping[str, Any], builds: Mapping[Any, _Build], baseline: str) -> dict[str, Any]:

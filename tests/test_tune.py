@@ -342,3 +342,16 @@ def test_a_choice_that_breaks_the_model_is_rejected_not_fatal(monkeypatch, atten
     assert result.passed and not is_fused(result.model)
     record = choice(result, "attention")
     assert record["choice"] == "keep" and record["rejected"]["fuse"].startswith("invalid model: pass 'attention'")
+
+
+def test_the_preferred_result_stays_unless_another_is_clearly_faster():
+    def timed(ratio, median):
+        return {"ratio_median": ratio, "latency_ms": {"median": median}}
+
+    # By the ratio the input is 5% faster, but its median latency is not: no clear difference.
+    assert tune._fastest({"tuned": timed(1.0, 0.77), "input": timed(0.95, 0.80)}, ["tuned", "input"]) == "tuned"
+    # Faster by both measures beyond noise: the input wins.
+    assert tune._fastest({"tuned": timed(1.0, 0.80), "input": timed(0.95, 0.76)}, ["tuned", "input"]) == "input"
+    # Among several within noise, the first preferred.
+    models = {"tuned": timed(1.01, 1.0), "default": timed(1.0, 1.0), "input": timed(1.0, 1.0)}
+    assert tune._fastest(models, ["tuned", "default", "input"]) == "tuned"
