@@ -146,9 +146,9 @@ def _documented_defaults(order: Sequence[Step], context: PassContext, why: str) 
         precision = precision_of(options)
         value = step.option.default_for(context.target, precision)
         options[step.option.name] = value
+        source = step.option.default_provenance(context.target, precision)
         records.append((step.pass_name, step.option.name, value, {
-            "how": f"{why}; {step.option.default_provenance(context.target, precision)}",
-            "precision": precision, "candidates": {}}))
+            "how": f"{why}; {source}", "precision": precision, "default_from": source, "candidates": {}}))
     return Outcome({s.option.name: options[s.option.name] for s in order}, records)
 
 

@@ -143,7 +143,8 @@ def test_untimed_defaults_follow_the_precision_written(attention_model, fp16, ex
     record = choice(result, "attention")
     precision = "float16" if fp16 else "float32"
     assert record["choice"] == expected and record["precision"] == precision
-    assert record["how"].startswith("not timed") and f"--target cuda in {precision}" in record["how"]
+    assert record["how"].startswith("not timed") and f"--target cuda in {precision}" in record["default_from"]
+    assert "measured on an H200" in record["default_from"]
     assert is_fused(result.model) == (expected == "fuse")
 
 
