@@ -10,7 +10,7 @@ The JSON schema (documented in README.md, key names are stable):
            default_from (where an untimed default comes from)}]
            options resolved from "auto" (each candidate timed as the whole pipeline's output, in the
            precision it names), then {pass: "pipeline", option: "result", choice: tuned|default|input}:
-           the final comparison of the tuned output, the untuned default output and the input
+           the final comparison of the tuned output, the untuned default output and (--tune) the input
   validation {passed, inputs, seed, outputs [{name, max_abs, max_rel, cosine, ...}]}
   broken_by    first pass that broke numerics (when validation failed)
   timing       {provider, before_ms, after_ms, speedup, ratio_median, runs, before{}, after{},

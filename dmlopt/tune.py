@@ -15,10 +15,10 @@ validated with the final precision's tolerances and timed in alternation with th
 candidates of the same option.  The option that sets the precision is decided first, then
 the others in pipeline order, each starting from the model as the earlier passes left it
 (one shared prefix, so the cost is one pipeline run per candidate that changes the graph).
-A last round times the tuned output against the untuned default output and the input and
-keeps the fastest; the tuned one stays unless another is faster beyond noise (by the median
-of per-pair ratios and by median latency), so tuning never makes the result slower than
-either beyond noise.
+A last round times the tuned output against the untuned default output (where they differ)
+and, with ``--tune``, the input, and keeps the fastest; the tuned one stays unless another is
+faster beyond noise (by the median of per-pair ratios and by median latency), so tuning never
+makes the result slower than the default, nor with ``--tune`` than the input, beyond noise.
 
 Nothing is run when nothing may be: without the target provider, or with validation off,
 each option takes its documented default (per target and precision, ``Option.default_for``)
@@ -227,8 +227,11 @@ class _Tuner:
     def tune(self) -> Outcome:
         records = [self.decide(step) for step in self.order]
         options, only = self.resolved(self.plan), None
+        confirmed = None
         if any(record.get("baseline") is not None for *_, record in records):  # something was timed
-            final, winner = self.confirm()
+            confirmed = self.confirm()
+        if confirmed:
+            final, winner = confirmed
             if winner == "default":
                 options = self.resolved({})
             elif winner == "input":
@@ -302,25 +305,32 @@ class _Tuner:
             "precision": self.best.precision, "baseline": base,
             "candidates": _candidates(timed, good, base), "rejected": rejected}
 
-    def confirm(self) -> tuple[dict[str, Any], str]:
-        """Time the tuned output against the untuned default output and the input; the fastest wins."""
+    def confirm(self) -> tuple[dict[str, Any], str] | None:
+        """Time the tuned output against the untuned default output and, with --tune, the input;
+        the fastest wins.  None when there is nothing to compare it with."""
         entries = {"tuned": self.best}
         if self.default.model is not None and self.key(self.default.options) != self.key(self.best.options):
             entries["default"] = self.default
-        only = self.input_passes()
-        if only:  # the user asked for float16: the input converted, nothing else
-            entry = self.build(self.resolved(self.plan), label="the input in float16", only=only)
-        else:
-            entry = _Build(dict(self.context.options), self.original)
-        rejected = {"input": entry.rejected} if entry.rejected else {}
-        if not entry.rejected:
-            entries["input"] = entry
-        baseline = "input" if "input" in entries else "tuned"
+        rejected = {}
+        if self.context.options.get("tune"):  # asked for the fastest output: the input is a candidate
+            only = self.input_passes()
+            if only:  # the user asked for float16: the input converted, nothing else
+                entry = self.build(self.resolved(self.plan), label="the input in float16", only=only)
+            else:
+                entry = _Build(dict(self.context.options), self.original)
+            if entry.rejected:
+                rejected["input"] = entry.rejected
+            else:
+                entries["input"] = entry
+        if len(entries) == 1:
+            return None
+        baseline = "input" if "input" in entries else "default"
         timed = self.time(entries, baseline, "the result")
         winner = _fastest(timed["models"], preferred=["tuned", "default", "input"])
-        return {"how": (f"measured on {timed['provider']}: the tuned output against the untuned default output "
-                        f"and the input ({TUNE_RUNS} alternating runs); the fastest is written, the tuned one unless "
-                        f"another is more than {NOISE:.0%} faster"),
+        against = " and ".join(_RESULTS[name] for name in entries if name != "tuned")
+        return {"how": (f"measured on {timed['provider']}: the tuned output against the {against} "
+                        f"({TUNE_RUNS} alternating runs); the fastest is written, the tuned one unless another "
+                        f"is more than {NOISE:.0%} faster"),
                 "precision": entries[winner].precision, "baseline": baseline,
                 "candidates": _candidates(timed, entries, baseline), "rejected": rejected}, winner
 

@@ -209,7 +209,7 @@ def test_nothing_is_timed_when_no_choice_changes_the_graph(monkeypatch):
 def test_the_final_round_keeps_the_default_when_the_tuned_output_measures_slower(monkeypatch, attention_model):
     # The option round (noise, say) found fusing faster; the final round finds the default faster.
     timer = fake_timer(monkeypatch, sam_like, final=lambda m: 9.0 if is_fused(m) else 8.0)
-    result = dmlopt.optimize(attention_model, target="cpu", fp16=True, attention="auto", retime=False)
+    result = dmlopt.optimize(attention_model, target="cpu", fp16=True, tune=True, retime=False)
     assert result.passed
     final = timer.final_round
     assert set(final["models"]) == {"tuned", "default", "input"}
@@ -225,12 +225,21 @@ def test_the_final_round_keeps_the_default_when_the_tuned_output_measures_slower
 def test_the_final_round_keeps_the_input_when_every_rewrite_measures_slower(monkeypatch, attention_model):
     before = op_counts(attention_model)
     timer = fake_timer(monkeypatch, sam_like, final=lambda m: 9.0 if op_counts(m) != before else 8.0)
-    result = dmlopt.optimize(attention_model, target="cpu", attention="auto", retime=False)
+    result = dmlopt.optimize(attention_model, target="cpu", tune=True, retime=False)
     assert result.passed
     assert choice(result, "result")["choice"] == "input"
     assert timer.final_round["models"]["input"] is not None
     assert op_counts(result.model) == before and not result.report.passes  # no pass ran on the output
     assert "input" in choice(result, "attention")["overruled"]
+
+
+def test_without_tune_the_final_round_compares_with_the_default_only(monkeypatch, attention_model):
+    # `auto` measured on a run without --tune: the passes always run, the input is no candidate.
+    timer = fake_timer(monkeypatch, sam_like, final=lambda m: 9.0 if is_fused(m) else 8.0)
+    result = dmlopt.optimize(attention_model, target="cpu", fp16=True, attention="auto", retime=False)
+    assert set(timer.final_round["models"]) == {"tuned", "default"}
+    assert choice(result, "result")["choice"] == "default" and not is_fused(result.model)
+    assert [p["name"] for p in result.report.passes if p["name"] == "attention"] == ["attention"]
 
 
 def test_a_tie_within_noise_goes_to_the_tuned_output(monkeypatch, attention_model):
