@@ -6,7 +6,8 @@ The JSON schema (documented in README.md, key names are stable):
   output {nodes, op_counts, initializer_bytes}
   passes [{name, modified, seconds, nodes_before, nodes_after, op_delta, sites, notes}]
   choices [{pass, option, choice, how, precision, baseline, candidates {choice: {median_ms, min_ms, p90_ms,
-           ratio, copies, max_rel_error, precision}}, rejected {choice: reason}, overruled,
+           ratio, copies, max_rel_error, precision}}, rejected {choice: reason}, same_output {choice: the
+           candidate whose output it shares (neither changed the graph)}, overruled,
            default_from (where an untimed default comes from)}]
            options resolved from "auto" (each candidate timed as the whole pipeline's output, in the
            precision it names), then {pass: "pipeline", option: "result", choice: tuned|default|input}:

@@ -249,6 +249,7 @@ class _Tuner:
         current = self.resolved(self.plan)[name]
         choices = candidates(opt)
         builds: dict[Any, _Build] = {}
+        same_output: dict[str, str] = {}
         changed = False
         if name == PRECISION_OPTION:  # the precision changes the earlier passes' defaults: whole pipelines
             for choice in choices:
@@ -260,7 +261,7 @@ class _Tuner:
             # The pass alone on the shared prefix first: candidates that leave the graph alone share one
             # output, and where no candidate changes it nothing is built or timed.
             trials = {}
-            for choice in sorted(choices, key=lambda c: c != current):  # the current one first: it is built
+            for choice in sorted(choices, key=lambda c: c != current):  # first the current one (the best so far)
                 options = self.resolved({**self.plan, name: choice})
                 try:
                     model, done = self.run(self.prefix(index), options, start=index, stop=index + 1)
@@ -269,11 +270,12 @@ class _Tuner:
                     continue
                 trials[choice] = (options, model, done.get(index, False))
             changed = bool(builds) or any(modified for _, _, modified in trials.values())
-            unchanged = False
+            unchanged = None
             for choice, (options, model, modified) in trials.items() if changed else ():
-                if not modified and unchanged:
-                    continue  # the same output as another candidate that left the graph alone
-                unchanged = unchanged or not modified
+                if not modified and unchanged is not None:
+                    same_output[str(choice)] = str(unchanged)  # left the graph alone too: that output
+                    continue
+                unchanged = choice if unchanged is None and not modified else unchanged
                 same = self.key(options) == self.key(self.best.options)
                 builds[choice] = self.best if same else self.build(options, label=f"{opt.flag} {choice}",
                                                                    start=index + 1, model=model)
@@ -303,7 +305,7 @@ class _Tuner:
             "how": (f"measured on {timed['provider']}: each candidate is the whole pipeline's output in "
                     f"{' or '.join(precisions)} ({TUNE_RUNS} alternating runs), the fastest that validated"),
             "precision": self.best.precision, "baseline": base,
-            "candidates": _candidates(timed, good, base), "rejected": rejected}
+            "candidates": _candidates(timed, good, base), "rejected": rejected, "same_output": same_output}
 
     def confirm(self) -> tuple[dict[str, Any], str] | None:
         """Time the tuned output against the untuned default output and, with --tune, the input;

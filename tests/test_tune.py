@@ -365,3 +365,24 @@ def test_the_preferred_result_stays_unless_another_is_clearly_faster():
     # Among several within noise, the first preferred.
     models = {"tuned": timed(1.01, 1.0), "default": timed(1.0, 1.0), "input": timed(1.0, 1.0)}
     assert tune._fastest(models, ["tuned", "default", "input"]) == "tuned"
+
+
+def test_candidates_that_leave_the_graph_alone_are_built_once(monkeypatch, model):
+    # Two strategies made to decline: with keep, three candidates leave the graph alone and share one output.
+    from dmlopt.passes.leaky_relu import LeakyReluPass
+
+    call = LeakyReluPass.call
+
+    def declining(self, m):
+        if self.option("leaky_relu") in ("relu-split", "channel-fold"):
+            return ir.passes.PassResult(m, False)
+        return call(self, m)
+
+    monkeypatch.setattr(LeakyReluPass, "call", declining)
+    timer = fake_timer(monkeypatch, lambda m: 1.0 if "LeakyRelu" in op_counts(m) else 2.0)
+    result = dmlopt.optimize(model, target="cpu", passes=["leaky-relu"], leaky_relu="auto", retime=False)
+    record = choice(result, "leaky_relu")
+    (leaky_round,) = timer.option_rounds
+    assert set(leaky_round["models"]) == {"keep", "decompose", "conv-split"}
+    assert record["same_output"] == {"relu-split": "keep", "channel-fold": "keep"}
+    assert record["choice"] == "keep"
