@@ -73,7 +73,8 @@ def build_parser() -> Parser:
     p.add_argument("--target", default="dml", choices=["dml", "cuda", "cpu"], help="deployment provider (default dml)")
     p.add_argument("--ort-version", help="ONNX Runtime version deployed on the target, e.g. 1.14 (default: newest)")
     p.add_argument("--report", metavar="PATH", help="write the report: JSON if PATH ends in .json, HTML if .html")
-    p.add_argument("--no-validate", action="store_true", help="skip the numerics check (not recommended)")
+    p.add_argument("--no-validate", action="store_true", help="run no model: no numerics check, auto options at their "
+                   "documented defaults, no re-timing (not recommended)")
     p.add_argument("--no-time", dest="retime", action="store_false", default=None,
                    help="skip timing before/after on the target (done by default when its provider is here)")
     p.add_argument("--force", action="store_true", help="write the output even if validation fails (the report says so)")

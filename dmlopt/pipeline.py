@@ -21,6 +21,7 @@ import onnx_ir.passes.common as common_passes
 
 from dmlopt import bench, fp16_repair, runtime, session_config
 from dmlopt import report as report_mod
+from dmlopt import tune as tuning
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load, without_external_data
@@ -155,10 +156,9 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     `retime`: time before/after on the target (report.timing); None (default) does so
     when the target's provider is on this machine, True requires it, False skips it.
     """
-    from dmlopt import tune as tuning
-
     if target not in TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(TARGETS)})")
+    tuning.require_validation(tune, validate)
     if tune or retime:
         tuning.require_target(target)  # before any work: exit 2 naming the providers present
     if progress and isinstance(model, (str, os.PathLike)):
@@ -175,29 +175,26 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
                           dims=dict(dims or {}), options=checked)
     context.options["tune"] = tune
-    work = original.clone()
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options=checked)
     explicit = passes is not None
-    strict = _strict_clean(original)
-    before_fp16 = None  # (model, passes from fp16 on): what the fp16 repair replays
-    for position, cls in enumerate(pass_classes):
-        p = cls(context)
-        if not explicit and not p.enabled() and not tuning.pending(p, context):
-            continue
-        if progress:
-            progress(f"pass {p.name}")
-        before = op_counts(work)
-        t0 = time.perf_counter()
-        _resolve_auto(p, work, original, context, rep, dict(inputs=inputs, atol=atol, rtol=rtol), progress)
-        if not explicit and not p.enabled():
-            continue  # tuning left it off (e.g. fp16 measured slower)
-        if validate and p.name == "fp16" and p.enabled() and p.option("fp16_repair"):
-            before_fp16 = (work.clone(), pass_classes[position:])  # tensors are shared, not copied
-        result = p(work)
-        work = result.model
-        elapsed = time.perf_counter() - t0
-        check_model(work, f"pass '{p.name}'", strict=strict)
-        rep.add_pass(p, before=before, after=op_counts(work), modified=result.modified, seconds=elapsed)
+    run = PassRunner(pass_classes, context, explicit=explicit, strict=_strict_clean(original))
+    # Options left to choose are decided first, each candidate as the whole pipeline's output (dmlopt.tune).
+    outcome = tuning.resolve(tuning.steps(pass_classes, context), original, context, run, validate_output=validate,
+                             check=dict(inputs=inputs, atol=atol, rtol=rtol), progress=progress)
+    context.options.update(outcome.options)
+    for pass_name, option, choice, record in outcome.records:
+        rep.add_choice(pass_name, option, choice, record)
+
+    def record(p: DmlPass, before: dict[str, int], after: ir.Model, modified: bool, seconds: float) -> None:
+        rep.add_pass(p, before=before, after=op_counts(after), modified=modified, seconds=seconds)
+
+    work = original.clone()
+    fp16_at = _fp16_repair_position(run, outcome.only) if validate else None
+    before_fp16 = None  # the model as the fp16 pass receives it: what the fp16 repair replays from
+    if fp16_at is not None:
+        work, _ = run(work, context.options, stop=fp16_at, only=outcome.only, on_pass=record, progress=progress)
+        before_fp16 = work.clone()  # tensors are shared, not copied
+    work, _ = run(work, context.options, start=fp16_at or 0, only=outcome.only, on_pass=record, progress=progress)
     rep.finish(work, initializer_bytes(original), initializer_bytes(work))
     out = Result(work, rep)
     atol, rtol = tuning.validation_tolerances(context.options, atol, rtol)
@@ -210,13 +207,14 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
                            atol=atol, rtol=rtol)
         rep.validation = v.to_dict()
         if not v.passed and before_fp16 is not None:
-            out.model = _repair_fp16(original, out.model, before_fp16, context, explicit, strict, rep,
+            out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     from dmlopt import bench, runtime
 
-    if out.passed and (retime or (retime is None and runtime.has_target(target))):
+    # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
+    if out.passed and (retime or (retime is None and validate and runtime.has_target(target))):
         if progress:
             progress(f"time before/after on {target}")
         rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,
@@ -245,43 +243,70 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
     rep.session_config = {"config": cfg, "path": None, "snippet": None}
 
 
-def _resolve_auto(p: DmlPass, work: ir.Model, original: ir.Model, context: PassContext, rep,
-                  check: dict[str, Any] | None = None, progress=None) -> None:
-    """Turn an option left at 'auto' (or, with --tune, any tunable option the user did not
-    set) into a concrete choice: measured, or the documented default (dmlopt.tune)."""
-    from dmlopt import tune
+class PassRunner:
+    """The selected passes in order, each checked after it runs (tuning runs parts of it, the pipeline all).
 
-    for opt in tune.pending(p, context):
-        choice, record = tune.choose(p, opt, work, original, context, check, progress)
-        context.options[opt.name] = choice
-        rep.add_choice(p.name, opt.name, choice, record)
+    A pass that is not enabled under the options (fp16 without --fp16) is skipped unless the
+    user named the passes."""
 
+    def __init__(self, passes: Sequence[type[DmlPass]], context: PassContext, *, explicit: bool, strict: bool):
+        self.passes = list(passes)
+        self.context = context
+        self.explicit = explicit
+        self.strict = strict
 
-def _repair_fp16(original, work, before_fp16, context, explicit, strict, rep, check, progress) -> ir.Model:
-    """float16 failed validation: keep in float32 the nodes that need it (dmlopt.fp16_repair) by
-    replaying fp16 and the passes after it with a keep set.  The model that passed, or `work`."""
-    start, replayed = before_fp16
-    common_passes.NameFixPass()(start)  # the keep set names nodes: every node needs a unique name
-
-    def replay(keep: frozenset[str]) -> fp16_repair.Trial:
-        ctx = dataclasses.replace(context, options={**context.options, "fp16_keep_nodes": tuple(sorted(keep))})
-        model, records = start.clone(), []
-        for cls in replayed:
-            p = cls(ctx)
-            if not explicit and not p.enabled():
+    def __call__(self, model: ir.Model, options: dict[str, Any], *, start: int = 0, stop: int | None = None,
+                 only: set[int] | None = None, on_pass=None, progress=None) -> tuple[ir.Model, dict[int, bool]]:
+        context = dataclasses.replace(self.context, options=dict(options))
+        modified: dict[int, bool] = {}
+        for index in range(start, len(self.passes) if stop is None else stop):
+            p = self.passes[index](context)
+            if (only is not None and index not in only) or (not self.explicit and not p.enabled()):
                 continue
-            before, t0 = op_counts(model), time.perf_counter()
+            if progress:
+                progress(f"pass {p.name}")
+            before = op_counts(model) if on_pass else {}
+            t0 = time.perf_counter()
             result = p(model)
             model = result.model
-            check_model(model, f"pass '{p.name}' (fp16 repair)", strict=strict)
-            records.append(dict(p=p, before=before, after=op_counts(model), modified=result.modified,
-                                seconds=time.perf_counter() - t0))
+            elapsed = time.perf_counter() - t0
+            check_model(model, f"pass '{p.name}'", strict=self.strict)
+            modified[index] = bool(result.modified)
+            if on_pass:
+                on_pass(p, before, model, result.modified, elapsed)
+        return model, modified
+
+
+def _fp16_repair_position(run: PassRunner, only: set[int] | None) -> int | None:
+    """Index of the fp16 pass when it will run with repair on (validation runs too), else None."""
+    for index, cls in enumerate(run.passes):
+        p = cls(run.context)
+        if cls.name == "fp16" and (only is None or index in only) and (run.explicit or p.enabled()):
+            return index if p.option("fp16_repair") else None
+    return None
+
+
+def _repair_fp16(original, work, start, at, run, only, rep, check, progress) -> ir.Model:
+    """float16 failed validation: keep in float32 the nodes that need it (dmlopt.fp16_repair) by
+    replaying fp16 and the passes after it (from `start`, the model before pass `at`) with a keep
+    set.  The model that passed, or `work`."""
+    common_passes.NameFixPass()(start)  # the keep set names nodes: every node needs a unique name
+    context = run.context
+
+    def replay(keep: frozenset[str]) -> fp16_repair.Trial:
+        records = []
+
+        def collect(p, before, after, modified, seconds):
+            records.append(dict(p=p, before=before, after=op_counts(after), modified=modified, seconds=seconds))
+
+        options = {**context.options, "fp16_keep_nodes": tuple(sorted(keep))}
+        model, _ = run(start.clone(), options, start=at, only=only, on_pass=collect)
         return fp16_repair.Trial(model, records)
 
     if progress:
         progress("fp16 repair")
     found = fp16_repair.repair(original, start, replay, shapes=context.shapes, dims=context.dims,
-                               max_runs=replayed[0](context).option("fp16_repair_runs"), progress=progress, **check)
+                               max_runs=run.passes[at](context).option("fp16_repair_runs"), progress=progress, **check)
     rep.fp16_repair = found.record
     if found.trial is None:
         return work

@@ -5,8 +5,13 @@ The JSON schema (documented in README.md, key names are stable):
   input  {nodes, op_counts, initializer_bytes, inputs, outputs}
   output {nodes, op_counts, initializer_bytes}
   passes [{name, modified, seconds, nodes_before, nodes_after, op_delta, sites, notes}]
-  choices [{pass, option, choice, how, baseline, candidates {choice: {median_ms, min_ms, p90_ms,
-           ratio, copies, max_rel_error}}, rejected {choice: reason}}]   options resolved from "auto"
+  choices [{pass, option, choice, how, precision, baseline, candidates {choice: {median_ms, min_ms, p90_ms,
+           ratio, copies, max_rel_error, precision}}, rejected {choice: reason}, same_output {choice: the
+           candidate whose output it shares (neither changed the graph)}, overruled,
+           default_from (where an untimed default comes from)}]
+           options resolved from "auto" (each candidate timed as the whole pipeline's output, in the
+           precision it names), then {pass: "pipeline", option: "result", choice: tuned|default|input}:
+           the final comparison of the tuned output, the untuned default output and (--tune) the input
   validation {passed, inputs, seed, outputs [{name, max_abs, max_rel, cosine, ...}]}
   broken_by    first pass that broke numerics (when validation failed)
   fp16_repair  {passed, validation_runs, max_runs, kept [{node, op, found_by, detail, max_abs}],

@@ -1,31 +1,61 @@
-"""Choosing among the variants a pass offers, by timing them on the target.
+"""Choosing among the variants the passes offer, by timing them as they would be written.
 
-Passes only offer variants (an option with ``tunable=True``); this module measures
-them.  Each candidate is the current model rewritten with one choice; candidates that
-do not validate are dropped; the rest are timed in alternation on the target provider
-and the fastest wins.  The unchanged model is always a candidate where the option has
-a ``keep`` choice (or is a bool: off), so the result is never slower than the input
-beyond noise.  Which options are chosen here:
-  1. a tunable option left at ``auto`` (measured when the target provider is here, else
-     the option's documented default for the target);
+Passes only offer variants (an option with ``tunable=True``); this module measures them.
+Which options are chosen here:
+  1. a tunable option left at ``auto``;
   2. with ``--tune``, every tunable option the user did not set, even one whose default is
-     not ``auto`` (fp16: off/on), and the target provider must be on this machine
+     not ``auto`` (fp16: off/on); the target provider must be on this machine
      (``require_target`` raises before any work).
-Where no candidate changes the graph (no site for the pass), nothing is timed.
+
+Why candidates are whole pipelines: a variant's speed depends on what the later passes do
+to it, above all on the precision (fused attention loses to MatMul+Softmax in float32 on
+CUDA and wins in float16).  So a candidate is the pipeline's final output with that one
+choice, the later passes at their current choices, fp16 included when it will run; it is
+validated with the final precision's tolerances and timed in alternation with the other
+candidates of the same option.  The option that sets the precision is decided first, then
+the others in pipeline order, each starting from the model as the earlier passes left it
+(one shared prefix, so the cost is one pipeline run per candidate that changes the graph).
+A last round times the tuned output against the untuned default output (where they differ)
+and, with ``--tune``, the input, and keeps the fastest; the tuned one stays unless another is
+faster beyond noise (by the median of per-pair ratios and by median latency), so tuning never
+makes the result slower than the default, nor with ``--tune`` than the input, beyond noise.
+
+Nothing is run when nothing may be: without the target provider, or with validation off,
+each option takes its documented default (per target and precision, ``Option.default_for``)
+and the report says why nothing was timed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping, Protocol, Sequence
 
 import onnx_ir as ir
 
-from dmlopt import runtime
-from dmlopt.errors import ProviderError
+from dmlopt import bench, runtime
+from dmlopt.errors import DmlOptError, ProviderError, UsageError
+from dmlopt.passes import DmlPass, Option, PassContext
+from dmlopt.passes._base import precision_of
+from dmlopt.validate import DEFAULT_TOLERANCES, validate
 
 TUNE_RUNS = 15
 TUNE_WARMUP = 3
+# A result within this fraction of the fastest counts as as fast (alternating medians still vary this much).
+NOISE = 0.02
+# The option that decides the precision the model is written in: decided before the others.
+PRECISION_OPTION = "fp16"
+
+
+
+class Runner(Protocol):
+    """The pipeline's passes as tuning runs them (dmlopt.pipeline provides it)."""
+
+    passes: Sequence[type[DmlPass]]
+
+    def __call__(self, model: ir.Model, options: dict[str, Any], *, start: int = 0, stop: int | None = None,
+                 only: set[int] | None = None) -> tuple[ir.Model, dict[int, bool]]:
+        """Passes [start, stop) (only those indices, when given) on `model` in place, each checked as the
+        pipeline checks it; returns the model and, per pass that ran, whether it changed the graph."""
 
 
 def require_target(target: str) -> None:
@@ -35,6 +65,12 @@ def require_target(target: str) -> None:
             f"--tune needs the {runtime.PROVIDERS[target]} on this machine; providers present: "
             f"{', '.join(runtime.available_providers())} (run --tune on the target machine, or pick --target "
             f"from the providers present)")
+
+
+def require_validation(tune: bool, validate: bool) -> None:
+    """--tune runs and validates candidates; --no-validate promises nothing is run (exit 2)."""
+    if tune and not validate:
+        raise UsageError("--tune runs and validates every candidate, --no-validate runs nothing: drop one of them")
 
 
 def pending(p, context) -> list:
@@ -54,99 +90,294 @@ def candidates(opt) -> list:
 
 def validation_tolerances(options, atol: float | None, rtol: float | None) -> tuple[float | None, float | None]:
     """float16 tolerances when fp16 ran (its outputs may be float32 with keep_io_types, the error is not)."""
-    if not options.get("fp16"):
+    if precision_of(options) != "float16":
         return atol, rtol
-    from dmlopt.validate import DEFAULT_TOLERANCES
-
     half_atol, half_rtol = DEFAULT_TOLERANCES["float16"]
     return (half_atol if atol is None else atol), (half_rtol if rtol is None else rtol)
 
 
-def choose(p, opt, work: ir.Model, original: ir.Model, context, check: dict[str, Any] | None = None,
-           progress=None) -> tuple[Any, dict[str, Any]]:
-    """Return (choice, record) for option `opt` of pass `p`.
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One option to choose: `option` of the pass at `index` in the pipeline."""
 
-    `check` holds the validation settings (inputs, atol, rtol) the candidates must pass."""
+    index: int
+    pass_name: str
+    option: Option
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What tuning decided: the value of every pending option, and the report's records."""
+
+    options: dict[str, Any]
+    records: list[tuple[str, str, Any, dict[str, Any]]]  # (pass, option, choice, record)
+    # Indices of the passes to run for the output (None: all); set when the input itself won.
+    only: set[int] | None = None
+
+
+def steps(pass_classes: Sequence[type[DmlPass]], context: PassContext) -> list[Step]:
+    """The options to choose, in the order they are decided: the precision first, then pipeline order."""
+    found = [Step(i, cls.name, opt) for i, cls in enumerate(pass_classes) for opt in pending(cls(context), context)]
+    return sorted(found, key=lambda s: (s.option.name != PRECISION_OPTION, s.index))
+
+
+def resolve(order: Sequence[Step], original: ir.Model, context: PassContext, run: Runner, *,
+            validate_output: bool = True, check: Mapping[str, Any] | None = None, progress=None) -> Outcome:
+    """Choose every option of `order` (from `steps`): measured where the target is here and validation is on."""
+    if not order:
+        return Outcome({}, [])
     target = context.target
-    choices = candidates(opt)
-    explicit_tune = bool(context.options.get("tune"))
-    if not runtime.has_target(target):
-        if explicit_tune:
-            require_target(target)
-        default = (opt.auto_default or {}).get(target, opt.default if opt.default != "auto" else choices[0])
-        how = (f"default for --target {target}: {runtime.PROVIDERS[target]} is not on this machine, so nothing "
-               f"was timed; run `dmlopt optimize --tune --target {target}` on the target machine to measure")
-        return default, {"how": how, "candidates": {}}
-    return measure(p, opt, choices, work, original, context, check or {}, progress)
+    if validate_output and runtime.has_target(target):
+        return _Tuner(order, original, context, run, dict(check or {}), progress).tune()
+    if context.options.get("tune"):
+        require_target(target)
+    if not validate_output:
+        why = "not timed: --no-validate runs nothing"
+    else:
+        why = (f"not timed: {runtime.PROVIDERS[target]} is not on this machine; run `dmlopt optimize --tune "
+               f"--target {target}` on the target machine to measure")
+    return _documented_defaults(order, context, why)
 
 
-def _baseline(opt, choices: list) -> Any:
-    """The candidate that leaves the graph as it is: 'keep', off, or the default."""
+def _documented_defaults(order: Sequence[Step], context: PassContext, why: str) -> Outcome:
+    options = dict(context.options)
+    records = []
+    for step in order:
+        precision = precision_of(options)
+        value = step.option.default_for(context.target, precision)
+        options[step.option.name] = value
+        source = step.option.default_provenance(context.target, precision)
+        records.append((step.pass_name, step.option.name, value, {
+            "how": f"{why}; {source}", "precision": precision, "default_from": source, "candidates": {}}))
+    return Outcome({s.option.name: options[s.option.name] for s in order}, records)
+
+
+@dataclasses.dataclass
+class _Build:
+    """A candidate: the pipeline's output under `options`, validated."""
+
+    options: dict[str, Any]
+    model: ir.Model | None
+    max_rel_error: float = 0.0
+    rejected: str | None = None
+    modified: dict[int, bool] = dataclasses.field(default_factory=dict)  # pass index -> changed the graph
+
+    @property
+    def precision(self) -> str:
+        return precision_of(self.options)
+
+
+class _Tuner:
+    def __init__(self, order, original, context, run, check, progress):
+        self.order = list(order)
+        self.original = original
+        self.context = context
+        self.run = run
+        self.check = check
+        self.progress = progress
+        self.plan: dict[str, Any] = {}  # the options decided so far
+        self.names = [s.option.name for s in self.order]
+        self._prefix: tuple[int, ir.Model] | None = None  # (pass index, the model before it) under the plan
+        self.default = self.build(self.resolved({}), label="the default pipeline")
+        self.best = self.default
+
+    # -- options --------------------------------------------------------------
+    def resolved(self, plan: Mapping[str, Any]) -> dict[str, Any]:
+        """Every pending option's value: decided in `plan`, else its default for the target and precision."""
+        options = dict(self.context.options)
+        for step in self.order:  # the precision option comes first, so the others see its value
+            name = step.option.name
+            options[name] = plan[name] if name in plan else step.option.default_for(
+                self.context.target, precision_of(options))
+        return options
+
+    def key(self, options: Mapping[str, Any]) -> tuple:
+        return tuple((n, repr(options[n])) for n in self.names)
+
+    # -- building candidates ----------------------------------------------------
+    def build(self, options: dict[str, Any], *, label: str, start: int = 0, model: ir.Model | None = None,
+              only: set[int] | None = None) -> _Build:
+        """Run the pipeline (from pass `start` on `model`, else from the input) and validate the output."""
+        if self.progress:
+            self.progress(f"tuning: build {label}")
+        try:
+            out, modified = self.run(model if model is not None else self.original.clone(), options,
+                                     start=start, only=only)
+            atol, rtol = validation_tolerances(options, self.check.get("atol"), self.check.get("rtol"))
+            v = validate(self.original, out, shapes=self.context.shapes, dims=self.context.dims,
+                         inputs=self.check.get("inputs"), atol=atol, rtol=rtol)
+        except DmlOptError as e:  # a candidate that breaks is reported, never shipped, never fatal
+            return _Build(options, None, rejected=f"invalid model: {e}")
+        if not v.passed:
+            return _Build(options, None, rejected="failed validation")
+        return _Build(options, out, max((o.max_rel for o in v.outputs), default=0.0), modified=modified)
+
+    def prefix(self, index: int) -> ir.Model:
+        """A copy of the model before pass `index` under the plan (every earlier pass is decided by now)."""
+        options = self.resolved(self.plan)
+        if self._prefix is None or self._prefix[0] > index:
+            self._prefix = (0, self.original.clone())
+        at, model = self._prefix
+        if at < index:
+            model, _ = self.run(model, options, start=at, stop=index)
+        self._prefix = (index, model)
+        return model.clone()
+
+    # -- deciding -----------------------------------------------------------------
+    def tune(self) -> Outcome:
+        records = [self.decide(step) for step in self.order]
+        options, only = self.resolved(self.plan), None
+        confirmed = None
+        if any(record.get("baseline") is not None for *_, record in records):  # something was timed
+            confirmed = self.confirm()
+        if confirmed:
+            final, winner = confirmed
+            if winner == "default":
+                options = self.resolved({})
+            elif winner == "input":
+                only = self.input_passes()
+            for *_, record in records:
+                if winner != "tuned":
+                    record["overruled"] = f"the final comparison kept the {_RESULTS[winner]} (faster)"
+            records.append(("pipeline", "result", winner, final))
+        records = [(p, n, options[n] if p != "pipeline" else c, r) for p, n, c, r in records]
+        return Outcome({n: options[n] for n in self.names}, records, only)
+
+    def decide(self, step: Step) -> tuple[str, str, Any, dict[str, Any]]:
+        """Choose `step`'s option: each candidate's whole-pipeline output, validated, timed together."""
+        opt, name, index = step.option, step.option.name, step.index
+        current = self.resolved(self.plan)[name]
+        choices = candidates(opt)
+        builds: dict[Any, _Build] = {}
+        same_output: dict[str, str] = {}
+        changed = False
+        if name == PRECISION_OPTION:  # the precision changes the earlier passes' defaults: whole pipelines
+            for choice in choices:
+                options = self.resolved({**self.plan, name: choice})
+                reuse = self.best if self.key(options) == self.key(self.best.options) else None
+                builds[choice] = build = reuse or self.build(options, label=f"{opt.flag} {choice}")
+                changed = changed or build.rejected is not None or build.modified.get(index, False)
+        else:
+            # The pass alone on the shared prefix first: candidates that leave the graph alone share one
+            # output, and where no candidate changes it nothing is built or timed.
+            trials = {}
+            for choice in sorted(choices, key=lambda c: c != current):  # first the current one (the best so far)
+                options = self.resolved({**self.plan, name: choice})
+                try:
+                    model, done = self.run(self.prefix(index), options, start=index, stop=index + 1)
+                except DmlOptError as e:  # this choice breaks the model: reported, never shipped
+                    builds[choice] = _Build(options, None, rejected=f"invalid model: {e}")
+                    continue
+                trials[choice] = (options, model, done.get(index, False))
+            changed = bool(builds) or any(modified for _, _, modified in trials.values())
+            unchanged = None
+            for choice, (options, model, modified) in trials.items() if changed else ():
+                if not modified and unchanged is not None:
+                    same_output[str(choice)] = str(unchanged)  # left the graph alone too: that output
+                    continue
+                unchanged = choice if unchanged is None and not modified else unchanged
+                same = self.key(options) == self.key(self.best.options)
+                builds[choice] = self.best if same else self.build(options, label=f"{opt.flag} {choice}",
+                                                                   start=index + 1, model=model)
+            del trials
+            builds = {c: builds[c] for c in choices if c in builds}  # the report lists them in declared order
+        if not changed:
+            self.plan[name] = _baseline(choices, current)
+            same = dataclasses.replace(self.best, options=self.resolved(self.plan))  # the same model
+            self.default = same if self.best is self.default else self.default
+            self.best = same
+            return step.pass_name, name, self.plan[name], {
+                "how": "not timed: no choice changes this graph (nothing for the pass to do)",
+                "precision": self.best.precision, "candidates": {}, "rejected": {}}
+        rejected = {str(c): b.rejected for c, b in builds.items() if b.rejected}
+        good = {c: b for c, b in builds.items() if not b.rejected}
+        if not good:
+            self.plan[name] = current
+            return step.pass_name, name, current, {"how": "no candidate validated", "precision": None,
+                                                   "candidates": {}, "rejected": rejected}
+        base = str(current if current in good else next(iter(good)))
+        labels = {str(c): c for c in good}
+        timed = self.time({str(c): b for c, b in good.items()}, base, f"{step.pass_name} {opt.flag}")
+        best = labels[_fastest(timed["models"], preferred=[base])]
+        self.plan[name], self.best = best, good[best]
+        precisions = sorted({b.precision for b in good.values()})
+        return step.pass_name, name, best, {
+            "how": (f"measured on {timed['provider']}: each candidate is the whole pipeline's output in "
+                    f"{' or '.join(precisions)} ({TUNE_RUNS} alternating runs), the fastest that validated"),
+            "precision": self.best.precision, "baseline": base,
+            "candidates": _candidates(timed, good, base), "rejected": rejected, "same_output": same_output}
+
+    def confirm(self) -> tuple[dict[str, Any], str] | None:
+        """Time the tuned output against the untuned default output and, with --tune, the input;
+        the fastest wins.  None when there is nothing to compare it with."""
+        entries = {"tuned": self.best}
+        if self.default.model is not None and self.key(self.default.options) != self.key(self.best.options):
+            entries["default"] = self.default
+        rejected = {}
+        if self.context.options.get("tune"):  # asked for the fastest output: the input is a candidate
+            only = self.input_passes()
+            if only:  # the user asked for float16: the input converted, nothing else
+                entry = self.build(self.resolved(self.plan), label="the input in float16", only=only)
+            else:
+                entry = _Build(dict(self.context.options), self.original)
+            if entry.rejected:
+                rejected["input"] = entry.rejected
+            else:
+                entries["input"] = entry
+        if len(entries) == 1:
+            return None
+        baseline = "input" if "input" in entries else "default"
+        timed = self.time(entries, baseline, "the result")
+        winner = _fastest(timed["models"], preferred=["tuned", "default", "input"])
+        against = " and ".join(_RESULTS[name] for name in entries if name != "tuned")
+        return {"how": (f"measured on {timed['provider']}: the tuned output against the {against} "
+                        f"({TUNE_RUNS} alternating runs); the fastest is written, the tuned one unless another "
+                        f"is more than {NOISE:.0%} faster"),
+                "precision": entries[winner].precision, "baseline": baseline,
+                "candidates": _candidates(timed, entries, baseline), "rejected": rejected}, winner
+
+    def input_passes(self) -> set[int]:
+        """What 'the input' still goes through: the float16 conversion when the user asked for it, else nothing."""
+        if self.context.options.get(PRECISION_OPTION) is not True:
+            return set()
+        return {i for i, cls in enumerate(self.run.passes) if any(o.name == PRECISION_OPTION for o in cls.options)}
+
+    def time(self, builds: Mapping[str, _Build], baseline: str, what: str) -> dict[str, Any]:
+        return bench.compare({label: b.model for label, b in builds.items()}, self.context.target, runs=TUNE_RUNS,
+                             warmup=TUNE_WARMUP, baseline=baseline, shapes=self.context.shapes,
+                             dims=self.context.dims, progress=self.progress,
+                             label=f"tuning {what} ({len(builds)} candidates)")
+
+
+_RESULTS = {"tuned": "tuned output", "default": "untuned default pipeline", "input": "input"}
+
+
+def _baseline(choices: list, current: Any) -> Any:
+    """The candidate that leaves the graph as it is: 'keep', off, or else the current choice."""
     if "keep" in choices:
         return "keep"
     if False in choices:
         return False
-    return opt.default if opt.default in choices else choices[0]
+    return current
 
 
-def measure(p, opt, choices, work, original, context, check=None, progress=None) -> tuple[Any, dict[str, Any]]:
-    from dmlopt import bench
-    from dmlopt.errors import DmlOptError
-    from dmlopt.pipeline import check_model
-    from dmlopt.validate import validate
+def _fastest(models: Mapping[str, Mapping[str, Any]], preferred: Sequence[str]) -> str:
+    """The fastest by the median of per-pair ratios, unless a preferred one (first preferred first) is
+    within NOISE of it by that ratio or by median latency: only a clear difference moves the choice."""
+    fastest = min(models, key=lambda c: models[c]["ratio_median"])
 
-    check = check or {}
-    models: dict[Any, ir.Model] = {}
-    errors: dict[Any, float] = {}
-    rejected: dict[str, str] = {}
-    changed = []
-    for choice in choices:
-        ctx = _with_option(context, opt.name, choice)
-        trial = type(p)(ctx)
-        result = trial(work.clone())
-        if result.modified:
-            changed.append(choice)
-        atol, rtol = validation_tolerances(ctx.options, check.get("atol"), check.get("rtol"))
-        try:
-            # The same checks the pipeline applies to every pass: a candidate that fails them
-            # is rejected with its reason, never shipped and never a crash of the whole run.
-            check_model(result.model, f"pass '{p.name}' with {opt.flag} {choice}")
-            v = validate(original, result.model, shapes=context.shapes, dims=context.dims,
-                         inputs=check.get("inputs"), atol=atol, rtol=rtol)
-        except DmlOptError as e:
-            rejected[str(choice)] = f"invalid model: {e}"
-            continue
-        if not v.passed:
-            rejected[str(choice)] = "failed validation"
-            continue
-        models[choice] = result.model
-        errors[choice] = max((o.max_rel for o in v.outputs), default=0.0)
-    baseline = _baseline(opt, choices)
-    if not changed:
-        return baseline, {"how": "not timed: no choice changes this graph (nothing for the pass to do)",
-                          "candidates": {}, "rejected": rejected}
-    if not models:
-        return baseline, {"how": "no candidate validated", "rejected": rejected, "candidates": {}}
-    if baseline not in models:
-        baseline = next(iter(models))
-    labels = {str(c): c for c in models}
-    timed = bench.compare({str(c): m for c, m in models.items()}, context.target, runs=TUNE_RUNS,
-                          warmup=TUNE_WARMUP, baseline=str(baseline), shapes=context.shapes, dims=context.dims,
-                          progress=progress, label=f"tuning {p.name} {opt.flag} ({len(models)} candidates)")
-    best = min(timed["models"], key=lambda c: timed["models"][c]["ratio_median"])
-    record = {
-        "how": f"measured on {timed['provider']} ({TUNE_RUNS} alternating runs, fastest that validated)",
-        "baseline": str(baseline),
-        "candidates": {c: {"median_ms": m["latency_ms"]["median"], "min_ms": m["latency_ms"]["min"],
-                           "p90_ms": m["latency_ms"]["p90"], "ratio_vs_" + str(baseline): m["ratio_median"],
-                           "ratio": m["ratio_median"], "copies": m["copies"], "max_rel_error": errors[labels[c]]}
-                       for c, m in timed["models"].items()},
-        "rejected": rejected,
-    }
-    return labels[best], record
+    def as_fast(c: str) -> bool:
+        m, f = models[c], models[fastest]
+        return (m["ratio_median"] <= f["ratio_median"] * (1 + NOISE)
+                or m["latency_ms"]["median"] <= f["latency_ms"]["median"] * (1 + NOISE))
+
+    return next((c for c in preferred if c in models and as_fast(c)), fastest)
 
 
-def _with_option(context, name: str, value):
-    options = dict(context.options)
-    options[name] = value
-    return dataclasses.replace(context, options=options)
+def _candidates(timed: Mapping[str, Any], builds: Mapping[Any, _Build], baseline: str) -> dict[str, Any]:
+    by_label = {str(c): b for c, b in builds.items()}
+    return {c: {"median_ms": m["latency_ms"]["median"], "min_ms": m["latency_ms"]["min"],
+                "p90_ms": m["latency_ms"]["p90"], "ratio_vs_" + baseline: m["ratio_median"],
+                "ratio": m["ratio_median"], "copies": m["copies"], "max_rel_error": by_label[c].max_rel_error,
+                "precision": by_label[c].precision}
+            for c, m in timed["models"].items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
@@ -29,12 +29,41 @@ class Option:
     type: Callable[[str], Any] = str
     # "auto" is resolved by measuring the candidates on the target (dmlopt.tune).
     tunable: bool = False
-    # What "auto" means when nothing can be measured: target -> choice.
-    auto_default: dict[str, str] | None = None
+    # What "auto" means when nothing is measured: target -> choice, or target -> {precision -> choice}
+    # where the better choice depends on the precision the model is written in (float32, float16).
+    auto_default: Mapping[str, Any] | None = None
+    # Where those defaults come from, per target (what was measured, or the reasoning): in the report.
+    auto_default_source: Mapping[str, str] | None = None
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def default_for(self, target: str, precision: str = "float32") -> Any:
+        """The choice "auto" stands for on `target` when nothing is measured, for a model written in `precision`."""
+        default = (self.auto_default or {}).get(target)
+        if isinstance(default, Mapping):
+            default = default.get(precision, default.get("float32"))
+        if default is not None:
+            return default
+        if self.default != "auto":
+            return self.default
+        choices = [c for c in (self.choices or ()) if c != "auto"]
+        return "keep" if "keep" in choices else choices[0]
+
+    def default_provenance(self, target: str, precision: str = "float32") -> str:
+        """Says which default applied and why: per target and, where it differs, per precision."""
+        per_precision = isinstance((self.auto_default or {}).get(target), Mapping)
+        where = f"--target {target}" + (f" in {precision}" if per_precision else "")
+        if self.auto_default is None or target not in self.auto_default:
+            return "the option's default"
+        source = (self.auto_default_source or {}).get(target)
+        return f"the documented default for {where}" + (f" ({source})" if source else "")
+
+
+def precision_of(options: Mapping[str, Any]) -> str:
+    """The precision a pipeline with these options writes: float16 when the fp16 pass runs."""
+    return "float16" if options.get("fp16") is True else "float32"
 
 
 @dataclasses.dataclass
@@ -95,9 +124,9 @@ class DmlPass(ir.passes.InPlacePass):
         if value != "auto":
             return value
         opt = next(o for o in self.options if o.name == name)
-        choices = [c for c in (opt.choices or ()) if c != "auto"]
-        value = (opt.auto_default or {}).get(self.context.target, "keep" if "keep" in choices else choices[0])
-        self.note(f"{name}=auto without tuning: the default for --target {self.context.target}, {value}")
+        precision = precision_of(self.context.options)
+        value = opt.default_for(self.context.target, precision)
+        self.note(f"{name}=auto without tuning: {opt.default_provenance(self.context.target, precision)}, {value}")
         return value
 
     def enabled(self) -> bool:

@@ -35,8 +35,8 @@ Declined with a reason: symbolic shapes (freeze them first: ``--dim``), a Softma
 the last axis, ops other than Reshape/Add/scalar scale between the scores and the Softmax
 (masks by Where, Casts), scale after a bias, probabilities read elsewhere, heads whose
 layout needs a copy, element types other than float/float16, DirectML before ORT 1.15.
-Option ``attention``: fuse | keep | auto (CUDA: fuse; DirectML: fuse from ORT 1.15; CPU:
-keep; measured where the target's provider is present).  Measured (benchmarks/attention.py,
+Option ``attention``: fuse | keep | auto (CUDA: keep in float32, fuse in float16; DirectML: fuse
+from ORT 1.15; CPU: keep; measured where the target's provider is present).  Measured (benchmarks/attention.py,
 float32): SAM ViT-B on an H200's CUDA EP ran 24.0 ms fused vs 22.0 ms kept (export: 21.5), as CUDA's
 float32 MHA with a full (B, N, S, T) bias gains nothing over MatMul+Softmax; what it gains
 on DirectML (one MHA operator instead of ~10 ops per block) is measured there with --tune.
@@ -441,7 +441,11 @@ class AttentionPass(DmlPass):
     options = (
         Option("attention", "auto", "fuse attention into com.microsoft MultiHeadAttention, or keep it",
                choices=("auto", "fuse", "keep"), tunable=True,
-               auto_default={"dml": "fuse", "cuda": "fuse", "cpu": "keep"}),
+               auto_default={"dml": "fuse", "cuda": {"float32": "keep", "float16": "fuse"}, "cpu": "keep"},
+               auto_default_source={
+                   "cuda": "measured on an H200, onnxruntime-gpu 1.31, SAM ViT-B: fused MultiHeadAttention is "
+                           "slower than MatMul+Softmax in float32 and faster in float16",
+                   "dml": "one MultiHeadAttention operator instead of about ten per block"}),
     )
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:

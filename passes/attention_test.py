@@ -225,11 +225,16 @@ def test_keep_and_old_directml_leave_attention_alone():
     assert op_counts(result.model)[MHA] == 1
 
 
-@pytest.mark.parametrize("target,fused", [("dml", True), ("cuda", True), ("cpu", False)])
-def test_auto_follows_the_target_default_when_run_alone(target, fused):
-    proto = hf_attention()
-    result, _ = fuse(proto, target=target, choice="auto")
+@pytest.mark.parametrize("target,fp16,fused", [("dml", False, True), ("cuda", False, False), ("cuda", True, True),
+                                               ("cpu", False, False)])
+def test_auto_follows_the_target_default_when_run_alone(target, fp16, fused):
+    """CUDA's default depends on the precision the model is written in: fused only for float16."""
+    model = ir.from_proto(hf_attention())
+    p = AttentionPass(PassContext(target=target, options={"attention": "auto", "fp16": fp16}))
+    result = p(model)
     assert (MHA in op_counts(result.model)) is fused
+    if target == "cuda":  # the note names the precision whose default applied
+        assert f"--target cuda in {'float16' if fp16 else 'float32'}" in p.notes[0]
 
 
 def test_attention_in_an_if_branch_is_fused():

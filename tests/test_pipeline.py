@@ -118,3 +118,55 @@ def test_cleanup_still_folds_small_constants():
                              passes=["cleanup"])
     assert op_counts(result.model) == {"Add": 1}
     assert result.passed
+
+
+def _counting(monkeypatch, cls) -> list[int]:
+    """Count the runs of pass `cls` (each call of its `call`)."""
+    runs = []
+    call = cls.call
+
+    def counted(self, model):
+        runs.append(1)
+        return call(self, model)
+
+    monkeypatch.setattr(cls, "call", counted)
+    return runs
+
+
+def _mean_time(models, target, *, baseline=None, **kw):
+    """bench.compare with float16 and fused attention measured fastest (deterministic)."""
+    def ms(m):
+        half = any(v.dtype == ir.DataType.FLOAT16 for v in m.graph.initializers.values())
+        return (1.0 if half else 2.0) - (0.5 if "com.microsoft.MultiHeadAttention" in op_counts(m) else 0.0)
+
+    times = {name: ms(m) for name, m in models.items()}
+    base = baseline or next(iter(models))
+    return {"provider": "FakeExecutionProvider", "baseline": base, "models": {
+        name: {"latency_ms": {"median": t, "min": t, "p90": t}, "ratio_median": t / times[base], "copies": 0}
+        for name, t in times.items()}}
+
+
+@pytest.mark.parametrize("tune, builds", [(False, 3), (True, 4)])
+def test_tuning_shares_the_pipeline_before_each_option(monkeypatch, tune, builds):
+    """The passes before an option run once for all its candidates: the first pass runs for the
+    untuned default output, once for the shared prefix and once for the output written (with --tune,
+    once more for the float16 candidate, whose precision changes the earlier passes' defaults)."""
+    from dmlopt import bench
+    from dmlopt.passes.attention import AttentionPass
+    from dmlopt.passes.attention_test import hf_attention
+    from dmlopt.passes.cleanup import CleanupPass
+
+    monkeypatch.setattr(bench, "compare", _mean_time)
+    first, attention = _counting(monkeypatch, CleanupPass), _counting(monkeypatch, AttentionPass)
+    options = {"tune": True} if tune else {"fp16": True, "attention": "auto"}
+    original = dmlopt.load(hf_attention())
+    before = op_counts(original)
+    result = dmlopt.optimize(original, target="cpu", retime=False, **options)
+    assert result.passed and "com.microsoft.MultiHeadAttention" in op_counts(result.model)
+    assert len(first) == builds
+    # attention: the same runs (the prefix's one moves it past attention once decided), plus each of
+    # its 2 candidates run alone on the shared prefix.
+    assert len(attention) == builds + 2
+    assert op_counts(original) == before  # candidates never touch the input
+    names = [p["name"] for p in result.report.passes]
+    assert len(names) == len(set(names)) and "attention" in names  # the report describes the output's run only
