@@ -19,12 +19,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 import dmlopt
+from dmlopt.errors import printable_tree
+from dmlopt.model import check_destination
 from dmlopt.validate import format_table
+
+
+def json_text(obj: Any) -> str:
+    """JSON every parser reads: a number that is not finite (NaN, +-infinity: e.g. `max_abs`
+    when the NaNs of two outputs differ) is written as null, numpy scalars and arrays as plain
+    numbers and lists.  The one rule for --json and JSON reports."""
+    return json.dumps(_finite(obj), indent=2, default=str, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, (np.generic, np.ndarray)):
+        return _finite(obj.tolist())
+    return obj
 
 
 def _io(values) -> list[dict[str, Any]]:
@@ -96,31 +119,34 @@ class Report:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        return json_text(self.to_dict())
 
     def to_table(self) -> str:
-        """A readable summary for a terminal: per pass, then validation and timing."""
+        """A readable summary for a terminal: per pass, then validation and timing (names
+        escaped: a node name from the model must not forge a line)."""
+        passes, choices = printable_tree(self.passes), printable_tree(self.choices)
+        validation = printable_tree(self.validation)
         rows = [("pass", "nodes", "changed", "rewrote", "declined", "time")]
-        for p in self.passes:
+        for p in passes:
             rewrote = sum(1 for s in p["sites"] if s["action"] == "rewrote")
             declined = sum(1 for s in p["sites"] if s["action"] == "declined")
             delta = ", ".join(f"{op} {n:+d}" for op, n in p["op_delta"].items()) or "-"
             rows.append((p["name"], f"{p['nodes_before']} -> {p['nodes_after']}", delta[:60], rewrote, declined,
                          f"{p['seconds']:.2f}s"))
         parts = [format_table(rows)]
-        declines = [(p["name"], s) for p in self.passes for s in p["sites"] if s["action"] == "declined"]
+        declines = [(p["name"], s) for p in passes for s in p["sites"] if s["action"] == "declined"]
         if declines:
             parts.append("declined:\n" + "\n".join(f"  {name}: {s['node']} ({s['op']}): {s['detail']}"
                                                    for name, s in declines[:40]))
             if len(declines) > 40:
                 parts.append(f"  ... and {len(declines) - 40} more (see the JSON report)")
-        notes = [(p["name"], n) for p in self.passes for n in p["notes"]]
+        notes = [(p["name"], n) for p in passes for n in p["notes"]]
         if notes:
             parts.append("notes:\n" + "\n".join(f"  {name}: {n}" for name, n in notes))
-        for c in self.choices:
+        for c in choices:
             parts.append(f"{c['pass']} --{c['option'].replace('_', '-')}: chose {c['choice']} ({c.get('how', '')})")
-        if self.validation is not None:
-            parts.append(_validation_table(self.validation))
+        if validation is not None:
+            parts.append(_validation_table(validation))
             if self.broken_by:
                 parts.append(f"first failing pass: {self.broken_by}")
         if self.timing:
@@ -161,6 +187,7 @@ def write(rep: Report, path) -> None:
         text = html_report.render(rep)
     else:
         raise UsageError(f"--report {path}: the name must end in .json or .html")
+    check_destination(path, label="--report ")  # a FIFO or a device would be replaced by the rename
     parent = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp", dir=parent)
