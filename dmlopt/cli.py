@@ -18,7 +18,7 @@ import threading
 from typing import Iterator, Sequence
 
 from dmlopt import __version__
-from dmlopt.errors import DmlOptError, OutputError, UsageError, printable
+from dmlopt.errors import DmlOptError, UsageError, printable
 from dmlopt.model import check_destination, protected_paths
 from dmlopt.report import json_text
 

@@ -172,16 +172,30 @@ def test_a_fifo_is_never_replaced(cli, tmp_path, where):
     _refused(cli, tmp_path, *argv, fragment="is not a regular file (a FIFO, device or socket): refusing to replace it")
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="no /dev/null")
-def test_a_device_is_never_replaced(cli, tmp_path):
-    """As root, a rename onto /dev/null would replace it; as anyone else /dev is read-only, so
-    the device check must come first for the message (and the device) to be right."""
+def _device(folder: pathlib.Path, name: str) -> pathlib.Path:
+    """A character device in `folder`: a copy of /dev/null's node where mknod is allowed
+    (root), else a symlink to /dev/null.  Never /dev/null itself: a broken check run as root
+    would replace the machine's /dev/null (it did, before the fix)."""
+    path = folder / name
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (OSError, AttributeError):
+        if not os.path.exists("/dev/null"):
+            pytest.skip("no device nodes here")
+        os.symlink("/dev/null", path)  # a rename would replace the link, never /dev/null
+    return path
+
+
+@pytest.mark.parametrize("where", ["-o", "--report"])
+def test_a_device_is_never_replaced(cli, tmp_path, where):
     path = _save(tmp_path, "m.onnx", conv_leaky_model())
-    r = cli("optimize", path, "-o", "/dev/null")
-    assert r.code == 2, r.err
-    assert "/dev/null: exists and is not a regular file" in _one_error_line(r.err)
-    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
-    assert not (tmp_path / "out.onnx").exists()
+    if where == "-o":
+        device, argv = _device(tmp_path, "null.onnx"), ["-o", tmp_path / "null.onnx"]
+    else:
+        device, argv = _device(tmp_path, "null.json"), ["-o", tmp_path / "out.onnx", "--report", tmp_path / "null.json"]
+    _refused(cli, tmp_path, "optimize", path, *argv,
+             fragment=f"{device}: exists and is not a regular file (a FIFO, device or socket)")
+    assert stat.S_ISCHR(os.stat(device).st_mode)
 
 
 @needs_fifo
@@ -315,10 +329,13 @@ def test_sigterm_leaves_no_partial_output_and_no_weight_copy(big_model, tmp_path
     out_dir.mkdir()
     tmp_dir.mkdir()
     before = _entries(big_model.parent)
-    proc = subprocess.Popen([sys.executable, "-m", "dmlopt", "optimize", str(big_model), "-o", str(out_dir / "out.onnx"),
-                             "--passes", "cleanup", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TMPDIR=str(tmp_dir)))
-    watched, prefix, suffix = (out_dir, ".out.onnx.", ".tmp") if moment == "while saving" else (tmp_dir, "dmlopt-ort-", "")
+    argv = ["optimize", str(big_model), "-o", str(out_dir / "out.onnx"), "--passes", "cleanup", "-q"]
+    proc = subprocess.Popen([sys.executable, "-m", "dmlopt", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, TMPDIR=str(tmp_dir)))
+    if moment == "while saving":
+        watched, prefix, suffix = out_dir, ".out.onnx.", ".tmp"
+    else:
+        watched, prefix, suffix = tmp_dir, "dmlopt-ort-", ""
     hit = _interrupt_when(proc, lambda: any(p.name.startswith(prefix) and p.name.endswith(suffix)
                                             for p in watched.iterdir()), sig=sig)
     _, err = proc.communicate(timeout=120)
@@ -426,7 +443,8 @@ def test_sparse_constant_is_named_as_unsupported(cli, tmp_path):
     const = helper.make_node("Constant", [], ["S"], sparse_value=_sparse(), name="sparse_const")
     path = _save(tmp_path, "sparse.onnx", _model([const, helper.make_node("Add", ["x", "S"], ["y"])], [_vi("x")],
                                                  [_vi("y")]))
-    _refused(cli, tmp_path, "inspect", path, fragment="node 'sparse_const' has a sparse tensor attribute 'sparse_value'")
+    _refused(cli, tmp_path, "inspect", path,
+             fragment="node 'sparse_const' has a sparse tensor attribute 'sparse_value'")
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -467,8 +485,8 @@ def test_onnxscript_log_lines_do_not_reach_stderr(tmp_path):
     outputs." through logging's last-resort handler: the real stderr must show dmlopt's line only."""
     c = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "C")
     k = numpy_helper.from_array(np.array([2], np.int64), "K")
-    model = _model([helper.make_node("TopK", ["C", "K"], ["v", "i"], axis=0), helper.make_node("Add", ["x", "v"], ["y"])],
-                   [_vi("x")], [_vi("y")], [c, k])
+    nodes = [helper.make_node("TopK", ["C", "K"], ["v", "i"], axis=0), helper.make_node("Add", ["x", "v"], ["y"])]
+    model = _model(nodes, [_vi("x")], [_vi("y")], [c, k])
     path = _save(tmp_path, "topk.onnx", model)
     out = tmp_path / "out.onnx"
     argv = [sys.executable, "-m", "dmlopt", "optimize", str(path), "-o", str(out), "-q", "--passes", "cleanup"]
