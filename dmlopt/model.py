@@ -40,10 +40,16 @@ def load(model: ModelLike) -> ir.Model:
     if isinstance(model, ir.Model):
         return model
     if isinstance(model, onnx.ModelProto):
-        _check_has_graph(model, "the given ModelProto")
-        _check_no_sparse_tensors(model, "the given ModelProto")
-        _check_unique_initializers(model, "the given ModelProto")
-        return _deserialize(model, "the given ModelProto")
+        # External data of a ModelProto is relative to the working folder (onnx's rule, as no file
+        # is known): checked there like a file's against its folder.
+        where, base = "the given ModelProto", pathlib.Path.cwd()
+        _check_has_graph(model, where)
+        _check_no_sparse_tensors(model, where)
+        _check_unique_initializers(model, where)
+        _check_external_data(model, base, where)
+        ir_model = _deserialize(model, where)
+        _resolve_external_data(ir_model, base)
+        return ir_model
     if isinstance(model, (str, os.PathLike)):
         return _load_path(pathlib.Path(model))
     raise InputError(f"cannot load a model from {type(model).__name__}; give a path, an onnx.ModelProto or an onnx_ir.Model")

@@ -495,3 +495,14 @@ def test_onnxscript_log_lines_do_not_reach_stderr(tmp_path):
     assert r.stderr.strip() == f"wrote {out}"
     debug = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "DMLOPT_DEBUG": "1"})
     assert "Skipping constant folding for op TopK" in debug.stderr  # the test can fail: the line exists
+
+
+def test_a_model_proto_external_data_is_checked_against_the_working_folder(tmp_path, monkeypatch):
+    """A ModelProto has no folder: its external data is relative to the working folder (onnx's
+    rule), and is checked there like a file's against its folder."""
+    monkeypatch.chdir(tmp_path)
+    WEIGHTS.tofile(tmp_path / "w.bin")
+    assert np.array_equal(run(dmlopt.load(_constant_model()), {"x": np.zeros((2, 3), np.float32)})["y"], WEIGHTS)
+    escaping = onnx.ModelProto.FromString(_constant_model().SerializeToString().replace(b"w.bin", b"../w."))
+    with pytest.raises(InputError, match="outside the model's folder"):
+        dmlopt.load(escaping)
