@@ -411,6 +411,15 @@ def test_optimize_table_escapes_names(cli, tmp_path):
     assert "x\\n\\x1b[2Kinput   forged" in r.out
 
 
+def test_validate_table_escapes_names(cli, tmp_path):
+    model = _model([helper.make_node("Relu", ["x"], [FORGED])], [_vi("x")], [_vi(FORGED)])
+    path = _save(tmp_path, "names.onnx", model)
+    r = cli("validate", path, path)
+    assert r.code == 0, r.err
+    assert "\x1b" not in r.out and "\r" not in r.out and "x\\n\\x1b[2Kinput   forged" in r.out
+    assert _strict_loads(cli("validate", path, path, "--json").out)["outputs"][0]["name"] == FORGED
+
+
 def test_a_name_in_an_error_cannot_forge_a_second_line(cli, tmp_path):
     a = numpy_helper.from_array(np.ones((2, 3), np.float32), FORGED)
     b = numpy_helper.from_array(np.zeros((2, 3), np.float32), FORGED)
