@@ -18,7 +18,6 @@ as such, never counted as agreeing.  Unnamed nodes cannot be matched (dmlopt nam
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from typing import Any, Mapping
@@ -27,7 +26,9 @@ import onnx_ir as ir
 
 from dmlopt import ort_log, runtime
 from dmlopt import placement as placement_mod
-from dmlopt.errors import OutputError, ProviderError
+from dmlopt.errors import ProviderError
+from dmlopt.jsontext import json_text
+from dmlopt.model import write_text
 
 __all__ = ["actual_placement", "calibrate", "compare", "observe", "to_table", "write"]
 
@@ -184,13 +185,6 @@ def to_table(result: Mapping[str, Any], *, limit: int = 40) -> str:
     return "\n".join(lines)
 
 
-def write(result: Mapping[str, Any], path: str) -> None:
-    """Write the comparison as JSON atomically (temp file in the same folder, then rename)."""
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".calib.", suffix=".tmp", dir=parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2, default=str)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write the calibration: {e.strerror or e}") from e
+def write(result: Mapping[str, Any], path: str, protected: dict[str, str] | None = None) -> None:
+    """Write the comparison as JSON atomically, never over `protected` paths (the model, its data)."""
+    write_text(path, json_text(result) + "\n", "the calibration", protected, label="-o ")

@@ -2,20 +2,75 @@
 
 Exit codes: 0 ok, 1 a check failed (numerics), 2 bad input or usage.  Every error the
 user can act on is one line on stderr, never a traceback (DMLOPT_DEBUG=1 shows it).
+SIGTERM and SIGHUP (what `timeout`, `docker stop` and CI send) are handled like Ctrl-C: the
+cleanup of temporary files runs, nothing half-written is left.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import dataclasses
+import logging
 import os
+import signal
 import sys
-from typing import Sequence
+import threading
+from typing import Iterator, Sequence
 
 from dmlopt import __version__
-from dmlopt.errors import DmlOptError, InputError, UsageError
+from dmlopt.errors import DmlOptError, InputError, UsageError, printable
+from dmlopt.model import check_destination, protected_paths
+from dmlopt.jsontext import json_text
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+# Libraries whose log records (onnxscript's "Skipping constant folding ...") would otherwise
+# reach stderr through logging's last-resort handler, between dmlopt's own lines.
+LIBRARY_LOGGERS = ("onnxscript", "onnx_ir")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Python next runs so that every cleanup written for
+    Ctrl-C (temporary folders beside the output, ORT's copy of the weights) runs too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum, _frame):
+    for name in ("SIGTERM", "SIGHUP"):  # a second signal must not break off the cleanup
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM/SIGHUP -> Terminated for the run, the previous handlers restored after it
+    (main() may be called in-process).  Signals can only be set from the main thread."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                previous[name] = signal.signal(getattr(signal, name), _terminate)
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+def _quiet_library_logs() -> None:
+    """The command's stderr carries dmlopt's lines only; DMLOPT_DEBUG=1 lets the libraries' logs
+    through.  A NullHandler stops logging's last-resort printing and still lets records
+    propagate to any handler a caller configured."""
+    if os.environ.get("DMLOPT_DEBUG"):
+        return
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
 
 
 class Parser(argparse.ArgumentParser):
@@ -158,16 +213,21 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_library_logs()
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if not args.command:
-            parser.print_help()
-            return EXIT_USAGE
-        return COMMANDS[args.command](args)
+        with _signals_as_interrupts():
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not args.command:
+                parser.print_help()
+                return EXIT_USAGE
+            return COMMANDS[args.command](args)
     except DmlOptError as e:
-        print(f"dmlopt: error: {e}", file=sys.stderr)
+        print(f"dmlopt: error: {printable(str(e))}", file=sys.stderr)  # a name in it cannot forge a line
         return e.exit_code
+    except Terminated as e:
+        print(f"dmlopt: terminated ({e}); nothing was written", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("dmlopt: interrupted; nothing was written", file=sys.stderr)
         return 130
@@ -177,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - a bug in dmlopt: still one line, unless debugging
         if os.environ.get("DMLOPT_DEBUG"):
             raise
-        print(f"dmlopt: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+        print(f"dmlopt: internal error: {type(e).__name__}: {printable(str(e).splitlines()[0]) if str(e) else ''} "
               f"(set DMLOPT_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 
@@ -185,7 +245,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def cmd_optimize(args) -> int:
     import dmlopt
     from dmlopt import report as report_mod
-    from dmlopt.model import external_data_files
 
     output = args.output or args.output_pos
     if not output:
@@ -193,11 +252,14 @@ def cmd_optimize(args) -> int:
     if args.output and args.output_pos:
         raise UsageError("give the output once: either OUT or -o OUT")
     shapes, dims = _shapes(args)
-    protect = (args.model, *external_data_files(args.model))
-    _check_output_path(output, protect)
+    protected = protected_paths(args.model)
+    check_destination(output, protected)
+    check_destination(output + ".data", protected)
+    written = {**protected, output: "the output model", output + ".data": "the output model's external data"}
     if args.report:
-        _check_report_path(args.report)
-    session_path = _session_config_target(args, output, protect)
+        _check_report_path(args.report, written)
+    report_path = {args.report: "the report"} if args.report else {}
+    session_path = _session_config_target(args, output, {**written, **report_path})
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
     result = dmlopt.optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
                              ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
@@ -206,10 +268,10 @@ def cmd_optimize(args) -> int:
     rep = result.report
     ok = result.passed
     if ok or args.force:
-        dmlopt.save(result.model, output, protect=protect)
+        dmlopt.save(result.model, output, protect=tuple(protected))
         rep.written = os.fspath(output)
         rep.forced = not ok
-        _write_session_config(rep, output, session_path, protect)
+        _write_session_config(rep, output, session_path, written)
     if args.report:
         report_mod.write(rep, args.report)
     print(rep.to_json() if args.json else rep.to_table())
@@ -231,25 +293,25 @@ def _add_session_config_args(p: argparse.ArgumentParser) -> None:
                    help="do not write OUT.session.json (the recommended ONNX Runtime session for the target)")
 
 
-def _session_config_target(args, output: str, protect) -> str | None:
+def _session_config_target(args, output: str, protected: dict[str, str]) -> str | None:
     """Where the session configuration goes (None with --no-session-config); checked before the work."""
     from dmlopt import session_config
 
     if not args.session_config:
         return None
     path = session_config.config_path(output)
-    session_config.check_path(path, (*protect, output, output + ".data", args.report))
+    session_config.check_path(path, protected)
     return path
 
 
-def _write_session_config(rep, output: str, path: str | None, protect) -> None:
+def _write_session_config(rep, output: str, path: str | None, protected: dict[str, str]) -> None:
     """Write the recommended session beside the written model; without it the report keeps no snippet."""
     from dmlopt import session_config
 
     if path is None or not rep.session_config:
         rep.session_config = None
         return
-    session_config.write(rep.session_config["config"], path, output, protect=(*protect, output))
+    session_config.write(rep.session_config["config"], path, output, protected=protected)
     rep.session_config["config"]["model"] = os.path.basename(output)
     rep.session_config.update(path=path, snippet=session_config.snippet(path))
 
@@ -275,10 +337,11 @@ def _add_calibrate_parser(sub) -> None:
 
 def cmd_calibrate(args) -> int:
     from dmlopt import calibrate
-    from dmlopt.model import check_input, external_data_files, load
+    from dmlopt.model import check_input, load
 
+    protected = protected_paths(args.model)
     if args.output:
-        _check_output_path(args.output, (args.model, *external_data_files(args.model)))
+        check_destination(args.output, protected, label="-o ")
         if not args.output.endswith(".json"):
             raise UsageError(f"-o {args.output}: the name must end in .json")
     shapes, dims = _shapes(args)
@@ -287,44 +350,24 @@ def cmd_calibrate(args) -> int:
     result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims)
     result["model"] = os.path.basename(args.model)
     if args.output:
-        calibrate.write(result, args.output)
-    print(json.dumps(result, indent=2, default=str) if args.json else calibrate.to_table(result))
+        calibrate.write(result, args.output, protected)
+    print(json_text(result) if args.json else calibrate.to_table(result))
     return EXIT_OK
 
 
-def _check_output_path(output: str, protect) -> None:
-    """Fail before the work, not after: -o must not be the input and its folder must be writable."""
-    from dmlopt.errors import OutputError
-
-    real = os.path.realpath(output)
-    for p in protect:
-        if os.path.realpath(p) in (real, real + ".data"):
-            raise OutputError(f"{output}: refusing to overwrite the input model")
-    parent = os.path.dirname(os.path.abspath(output))
-    if os.path.isdir(output):
-        raise OutputError(f"{output}: is a directory")
-    if not os.path.isdir(parent):
-        raise OutputError(f"{output}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise OutputError(f"{output}: folder {parent} is not writable")
-
-
-def _check_report_path(report: str) -> None:
-    """A bad --report must fail before the model is written, not after (exit 2 with an output)."""
-    from dmlopt.errors import OutputError
-
+def _check_report_path(report: str, protected: dict[str, str]) -> None:
+    """A bad --report must fail before the model is written, not after (exit 2 with an output);
+    it may not name the input, its data, the output or the output's data (the same rule as -o)."""
     if not report.endswith((".json", ".html")):
-        raise UsageError(f"--report {report}: the name must end in .json or .html")
-    parent = os.path.dirname(os.path.abspath(report))
-    if os.path.isdir(report) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise OutputError(f"--report {report}: cannot write there (a directory, or a missing or read-only folder)")
+        raise UsageError(f"--report {printable(report)}: the name must end in .json or .html")
+    check_destination(report, protected, label="--report ")
 
 
 def cmd_inspect(args) -> int:
     from dmlopt.inspection import inspect, to_table
 
     info = inspect(args.model, ep=args.ep, ort_version=args.ort_version)
-    print(json.dumps(info, indent=2, default=str) if args.json else to_table(info))
+    print(json_text(info) if args.json else to_table(info))
     return EXIT_OK
 
 
@@ -338,7 +381,9 @@ def cmd_validate(args) -> int:
     check_input(cand, args.cand)
     v = validate(ref, cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
                  rtol=args.rtol, seed=args.seed)
-    print(json.dumps(v.to_dict(), indent=2) if args.json else v.to_table())
+    # the table with output names escaped (a name must not forge a line); the JSON keeps them
+    shown = dataclasses.replace(v, outputs=[dataclasses.replace(o, name=printable(o.name)) for o in v.outputs])
+    print(json_text(v.to_dict()) if args.json else shown.to_table())
     return EXIT_OK if v.passed else EXIT_CHECK
 
 
@@ -364,7 +409,7 @@ def cmd_bench(args) -> int:
         bench.parse_emulate(args.emulate)
         out = bench.time_emulated(load(args.model), args.emulate, runs=args.runs, warmup=args.warmup,
                                   shapes=shapes, dims=dims, progress=progress)
-        print(json.dumps(out, indent=2, default=str) if args.json else bench.to_table(out))
+        print(json_text(out) if args.json else bench.to_table(out))
         return EXIT_OK
     target = runtime.resolve_ep(args.ep)
     if args.cuda_graph and target != "cuda":
@@ -386,7 +431,7 @@ def cmd_bench(args) -> int:
             raise
         # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
         raise InputError(f"{e} ({graph_capture_readiness(model, 'cuda').line()})") from e
-    print(json.dumps(out, indent=2, default=str) if args.json else bench.to_table(out, profile=args.profile))
+    print(json_text(out) if args.json else bench.to_table(out, profile=args.profile))
     return EXIT_OK
 
 

@@ -41,3 +41,32 @@ class CheckFailed(DmlOptError):
     """A numerics check failed; the output was not written."""
 
     exit_code = 1
+
+
+def printable(text: str) -> str:
+    """`text` with control codes, newlines and other unprintable characters written as escapes
+    (``\\x1b``, ``\\n``, ``\\u202e``): a tensor name or a damaged file's bytes must not move the
+    cursor, recolour the terminal or forge a line of dmlopt's output."""
+    out = []
+    for c in text:
+        if c.isprintable():
+            out.append(c)
+        elif c in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c])
+        elif ord(c) < 0x100:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
+    return "".join(out)
+
+
+def printable_tree(obj):
+    """`obj` (dicts, lists, strings: a JSON-ready description) with every string, keys
+    included, made printable: for tables built from names a model file chose."""
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, dict):
+        return {printable_tree(k): printable_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [printable_tree(v) for v in obj]
+    return obj

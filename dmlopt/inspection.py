@@ -10,6 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from dmlopt.errors import printable_tree
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.report import _io
@@ -97,8 +98,11 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
 
 
 def to_table(info: dict[str, Any]) -> str:
+    """The description for a terminal.  Every name is escaped first (printable_tree): a tensor
+    called "x\\n..." or holding terminal control codes must not forge a line or recolour it."""
     from dmlopt.validate import format_table
 
+    info = printable_tree(info)
     lines = []
     for kind in ("inputs", "outputs"):
         for v in info[kind]:

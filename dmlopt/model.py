@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 import shutil
+import stat
 import tempfile
 from typing import Iterator, Union
 
@@ -21,7 +22,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from dmlopt.errors import InputError, OutputError
+from dmlopt.errors import InputError, OutputError, printable
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto, ir.Model]
 
@@ -29,6 +30,9 @@ ModelLike = Union[str, os.PathLike, onnx.ModelProto, ir.Model]
 PROTOBUF_LIMIT = 2**31 - 1
 # Save weights externally once they pass this size, well below the protobuf limit.
 EXTERNAL_DATA_THRESHOLD = 1_500_000_000
+# Python protobuf (upb) refuses messages nested deeper than this; a graph inside a node's
+# attribute inside a graph takes three levels.
+PROTOBUF_DEPTH = 100
 
 
 def load(model: ModelLike) -> ir.Model:
@@ -36,9 +40,16 @@ def load(model: ModelLike) -> ir.Model:
     if isinstance(model, ir.Model):
         return model
     if isinstance(model, onnx.ModelProto):
-        _check_has_graph(model, "the given ModelProto")
-        _check_unique_initializers(model, "the given ModelProto")
-        return _deserialize(model, "the given ModelProto")
+        # External data of a ModelProto is relative to the working folder (onnx's rule, as no file
+        # is known): checked there like a file's against its folder.
+        where, base = "the given ModelProto", pathlib.Path.cwd()
+        _check_has_graph(model, where)
+        _check_no_sparse_tensors(model, where)
+        _check_unique_initializers(model, where)
+        _check_external_data(model, base, where)
+        ir_model = _deserialize(model, where)
+        _resolve_external_data(ir_model, base)
+        return ir_model
     if isinstance(model, (str, os.PathLike)):
         return _load_path(pathlib.Path(model))
     raise InputError(f"cannot load a model from {type(model).__name__}; give a path, an onnx.ModelProto or an onnx_ir.Model")
@@ -55,14 +66,18 @@ def _load_path(path: pathlib.Path) -> ir.Model:
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        if "MaxDepth" in str(e) or "recursion" in str(e).lower():
+            raise InputError(f"{path}: graphs nested too deeply: protobuf reads at most {PROTOBUF_DEPTH} levels of "
+                             f"messages (about {PROTOBUF_DEPTH // 3} If/Loop/Scan bodies inside one another)") from e
         raise InputError(f"{path}: not a readable ONNX model (truncated or not ONNX: {_short(e)})") from e
     except Exception as e:  # noqa: BLE001 - protobuf may raise other types on garbage
         raise InputError(f"{path}: not a readable ONNX model ({_short(e)})") from e
     _check_has_graph(proto, str(path))
+    _check_no_sparse_tensors(proto, str(path))
     _check_unique_initializers(proto, str(path))
     _check_external_data(proto, path.parent, str(path))
     model = _deserialize(proto, str(path))
-    _set_base_dir(model, path.parent)
+    _resolve_external_data(model, path.parent)
     return model
 
 
@@ -187,37 +202,79 @@ def _check_unique_initializers(proto: onnx.ModelProto, where: str) -> None:
             seen.add(t.name)
 
 
-def _iter_tensor_protos(graph: onnx.GraphProto):
+def _iter_tensor_protos(proto: onnx.ModelProto):
+    """Every dense tensor a model holds: initializers and tensor attributes (Constant's `value`,
+    any TENSOR/TENSORS attribute) in the main graph, every subgraph and every model-local
+    function, and the values and indices of sparse tensors.  One walk, so that every check of
+    external data sees every tensor that may carry it."""
+    yield from _graph_tensor_protos(proto.graph)
+    for function in proto.functions:
+        yield from _node_tensor_protos(function.node)
+
+
+def _graph_tensor_protos(graph: onnx.GraphProto):
     yield from graph.initializer
-    for node in graph.node:
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _node_tensor_protos(graph.node)
+
+
+def _node_tensor_protos(nodes):
+    for node in nodes:
         for attr in node.attribute:
             if attr.HasField("t"):
                 yield attr.t
+            yield from attr.tensors
+            for sparse in (*((attr.sparse_tensor,) if attr.HasField("sparse_tensor") else ()), *attr.sparse_tensors):
+                yield from (sparse.values, sparse.indices)
             if attr.HasField("g"):
-                yield from _iter_tensor_protos(attr.g)
+                yield from _graph_tensor_protos(attr.g)
             for g in attr.graphs:
-                yield from _iter_tensor_protos(g)
+                yield from _graph_tensor_protos(g)
+
+
+def _check_no_sparse_tensors(proto: onnx.ModelProto, where: str) -> None:
+    """onnx_ir reads no sparse tensors: a sparse initializer would otherwise look like a value
+    nothing defines, and a sparse Constant like a bug in onnx_ir."""
+    for graph in _graph_protos(proto):
+        if graph.sparse_initializer:
+            name = graph.sparse_initializer[0].values.name
+            raise InputError(f"{where}: sparse initializer '{name}' is not supported (dmlopt reads dense tensors "
+                             f"only): store it as a dense initializer")
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("sparse_tensor") or attr.sparse_tensors:
+                    raise InputError(f"{where}: node '{node.name or node.op_type}' has a sparse tensor attribute "
+                                     f"'{attr.name}', which is not supported (dmlopt reads dense tensors only): "
+                                     f"use a dense tensor ('value' instead of 'sparse_value')")
+
+
+def _graph_protos(proto: onnx.ModelProto):
+    """The main graph, its subgraphs, and every model-local function's body (as a node list
+    holder with no initializers) and subgraphs."""
+    yield from _graphs(proto.graph)
+    for function in proto.functions:
+        holder = onnx.GraphProto(node=function.node)
+        yield from _graphs(holder)
 
 
 def _check_external_data(proto: onnx.ModelProto, base: pathlib.Path, where: str) -> None:
-    """Every external tensor's file must exist inside the model's folder, and hold the bytes
-    the tensor's shape needs: fail now, not mid-run.  A location that leads out of the folder
+    """Every external tensor's file (initializers, Constant values, tensors in subgraphs and in
+    model-local functions) must exist inside the model's folder, and hold the bytes the tensor's
+    shape needs: fail now, not mid-run.  A location that leads out of the folder
     (``../../etc/passwd``, an absolute path, a symlink) is refused: a model file must not make
     dmlopt read, or copy next to its output, a file the user did not hand it."""
     sizes: dict[str, int] = {}
-    folder = base.resolve()
-    for t in _iter_tensor_protos(proto.graph):
+    for t in _iter_tensor_protos(proto):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in t.external_data}
         location = info.get("location", "")
-        file = (base / location).resolve()
         if location not in sizes:
-            if location and not file.is_relative_to(folder):
-                raise InputError(f"{where}: external data location '{location}' of tensor '{t.name}' is outside "
-                                 f"the model's folder; refusing to read it")
-            if not location or not file.is_file():
-                raise InputError(f"{where}: external data file '{location}' for tensor '{t.name}' is missing")
+            file = external_data_path(base, location, t.name, where)
+            if not file.is_file():
+                raise InputError(f"{where}: external data file '{printable(location)}' for tensor "
+                                 f"'{printable(t.name)}' is missing")
             sizes[location] = file.stat().st_size
         offset, length = _external_int(info, "offset", t, where), _external_int(info, "length", t, where)
         needed = _tensor_nbytes(t)
@@ -227,6 +284,27 @@ def _check_external_data(proto: onnx.ModelProto, base: pathlib.Path, where: str)
         end = (offset or 0) + (needed if needed is not None else length or 0)
         if end > sizes[location]:
             raise InputError(f"{where}: external data file '{location}' is too short for tensor '{t.name}' (truncated?)")
+
+
+def external_data_path(base: pathlib.Path, location: str, tensor: str = "?", where: str = "model") -> pathlib.Path:
+    """The file an external-data `location` names, resolved against the model's folder `base`
+    (never the working folder); InputError when it is empty, holds a NUL byte, or leads out of
+    the folder (``..``, an absolute path, a symlink)."""
+    if not location:
+        raise InputError(f"{where}: external data file '' for tensor '{printable(tensor)}' is missing")
+    if "\0" in location:
+        raise InputError(f"{where}: external data location '{printable(location)}' of tensor '{printable(tensor)}' "
+                         f"holds a NUL byte: not a file name")
+    try:
+        file = (base / location).resolve()
+        inside = file.is_relative_to(base.resolve())
+    except (OSError, ValueError, RuntimeError) as e:  # a symlink loop, a name the OS refuses
+        raise InputError(f"{where}: external data location '{printable(location)}' of tensor '{printable(tensor)}' "
+                         f"cannot be resolved: {_short(e)}") from e
+    if not inside:
+        raise InputError(f"{where}: external data location '{printable(location)}' of tensor '{printable(tensor)}' "
+                         f"is outside the model's folder; refusing to read it")
+    return file
 
 
 def _external_int(info: dict[str, str], key: str, t: onnx.TensorProto, where: str) -> int | None:
@@ -260,14 +338,60 @@ def _sub_byte(data_type: int) -> bool:
     return any(getattr(onnx.TensorProto, n, None) == data_type for n in names)
 
 
-def _set_base_dir(model: ir.Model, base: pathlib.Path) -> None:
-    for tensor in _all_initializer_tensors(model):
-        if isinstance(tensor, ir.ExternalTensor):
-            tensor.base_dir = str(base)
+def _resolve_external_data(model: ir.Model, base: pathlib.Path) -> None:
+    """Read every tensor's external data from the model's folder, never the working folder:
+    initializers (main graph and subgraphs) keep their reference with `base_dir` set, so large
+    weights stay on disk; a tensor attribute (Constant's `value`, in any graph or function) and
+    an initializer of a subgraph inside a function are read into memory now, because onnx_ir's
+    save and ONNX Runtime's loader only follow the references of the initializers of
+    `model.graphs()` (elsewhere they would be resolved against the working folder)."""
+    kept = {id(g) for g in model.graphs()}  # the graphs whose initializers onnx_ir's save writes out
+    for graph in _all_graphs(model):
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                if id(graph) in kept:
+                    value.const_value.base_dir = str(base)
+                else:  # a subgraph inside a function
+                    value.const_value = _in_memory(value.const_value, base)
+    for node in _all_nodes(model):
+        for name, attr in list(node.attributes.items()):
+            if attr.is_ref():
+                continue
+            if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                node.attributes[name] = ir.AttrTensor(name, _in_memory(attr.value, base))
+            elif attr.type == ir.AttributeType.TENSORS and any(isinstance(t, ir.ExternalTensor) for t in attr.value):
+                tensors = [_in_memory(t, base) if isinstance(t, ir.ExternalTensor) else t for t in attr.value]
+                node.attributes[name] = ir.AttrTensors(name, tensors)
+
+
+def _in_memory(tensor: ir.ExternalTensor, base: pathlib.Path) -> ir.Tensor:
+    tensor.base_dir = str(base)
+    return ir.external_data.convert_tensors_from_external([tensor])[0]
+
+
+def _all_nodes(model: ir.Model):
+    """Every node: the main graph, model-local functions, and all their subgraphs."""
+    yield from ir.traversal.RecursiveGraphIterator(model.graph)
+    for function in model.functions.values():
+        yield from ir.traversal.RecursiveGraphIterator(function)
+
+
+def _all_graphs(model: ir.Model):
+    """The main graph and every subgraph, those inside model-local functions included."""
+    yield from model.graphs()
+    for function in model.functions.values():
+        for node in ir.traversal.RecursiveGraphIterator(function):
+            for attr in node.attributes.values():
+                if attr.is_ref():
+                    continue
+                if attr.type == ir.AttributeType.GRAPH:
+                    yield attr.value
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    yield from attr.value
 
 
 def _all_initializer_tensors(model: ir.Model):
-    for graph in model.graphs():
+    for graph in _all_graphs(model):
         for value in graph.initializers.values():
             if value.const_value is not None:
                 yield value.const_value
@@ -305,16 +429,10 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
         model = without_value_info(model)
     dest = pathlib.Path(path)
     data_name = dest.name + ".data"
-    guarded = {_real(p) for p in protect}
-    if _real(dest) in guarded or _real(dest.parent / data_name) in guarded:
-        raise OutputError(f"{dest}: refusing to overwrite the input model")
-    if dest.is_dir():
-        raise OutputError(f"{dest}: is a directory")
     parent = dest.parent if str(dest.parent) else pathlib.Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{dest}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise OutputError(f"{dest}: folder {parent} is not writable")
+    protected = {os.fspath(p): "the input model" for p in protect}
+    check_destination(dest, protected)
+    check_destination(parent / data_name, protected)
     has_external = any(isinstance(t, ir.ExternalTensor) for t in _all_initializer_tensors(model))
     if external_data is None:
         # Weights read from external data stay external, written next to the output: kept as
@@ -367,12 +485,90 @@ def external_data_files(path: str | os.PathLike) -> list[pathlib.Path]:
     except Exception:  # noqa: BLE001
         return []
     files = set()
-    for t in _iter_tensor_protos(proto.graph):
+    for t in _iter_tensor_protos(proto):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             for e in t.external_data:
-                if e.key == "location":
+                if e.key == "location" and e.value and "\0" not in e.value:  # load refuses the others
                     files.add(p.parent / e.value)
     return sorted(files)
+
+
+def protected_paths(model_path: str | os.PathLike) -> dict[str, str]:
+    """What no output of a run on `model_path` may replace: the model and its external data."""
+    protected = {os.fspath(model_path): "the input model"}
+    for file in external_data_files(model_path):
+        protected.setdefault(os.fspath(file), "the input model's external data")
+    return protected
+
+
+def forbidden_destination(dest: str | os.PathLike, protected: dict[str, str] | None = None) -> str | None:
+    """Why writing `dest` (a rename onto it) would destroy something, or None when it may be
+    written.  Forbidden: a path in `protected` (path -> what it is: the input model, its data,
+    the output written in this run), by name, symlink or hard link; an existing folder; and an
+    existing file that is not a regular file (a FIFO, a device such as /dev/null, a socket),
+    which the rename would replace.  The one rule for `-o`, the output's data file and --report."""
+    dest = os.fspath(dest)
+    for path, what in (protected or {}).items():
+        if _same_file(dest, path):
+            return f"refusing to overwrite {what}"
+    try:
+        st = os.stat(dest)  # follows a symlink: a link to /dev/null is refused like /dev/null
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # a symlink loop, a name too long, a path through a file
+        return f"cannot write there: {e.strerror or e}"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory"
+    if not stat.S_ISREG(st.st_mode):
+        return "exists and is not a regular file (a FIFO, device or socket): refusing to replace it"
+    return None
+
+
+def check_destination(dest: str | os.PathLike, protected: dict[str, str] | None = None, *,
+                      label: str = "") -> None:
+    """OutputError (one line, exit 2) unless `dest` may be written: see forbidden_destination;
+    its folder must also exist and be writable."""
+    shown = f"{label}{printable(os.fspath(dest))}"
+    reason = forbidden_destination(dest, protected)
+    if reason is not None:
+        raise OutputError(f"{shown}: {reason}")
+    parent = os.path.dirname(os.path.abspath(dest))
+    if not os.path.isdir(parent):
+        raise OutputError(f"{shown}: folder {printable(parent)} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OutputError(f"{shown}: folder {printable(parent)} is not writable")
+
+
+def write_text(path: str | os.PathLike, text: str, what: str, protected: dict[str, str] | None = None, *,
+               label: str = "") -> None:
+    """Write `text` to `path` atomically (a temporary file beside it, then a rename), after the
+    same check as every output (check_destination): the one writer of reports, session
+    configurations and calibrations.  `what` names the file in the error."""
+    path = os.fspath(path)
+    check_destination(path, protected, label=label)
+    parent = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        raise OutputError(f"{printable(path)}: cannot write {what}: {e.strerror or e}") from e
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _same_file(a: str, b: str) -> bool:
+    if _real(a) == _real(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links: another name, the same file
+    except OSError:
+        return False
 
 
 def _real(p) -> str:

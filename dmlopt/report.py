@@ -29,12 +29,14 @@ The JSON schema (documented in README.md, key names are stable):
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import onnx_ir as ir
 
 import dmlopt
+from dmlopt.errors import printable_tree
+from dmlopt.jsontext import json_text
+from dmlopt.model import write_text
 from dmlopt.validate import format_table
 
 
@@ -117,33 +119,36 @@ class Report:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        return json_text(self.to_dict())
 
     def to_table(self) -> str:
-        """A readable summary for a terminal: per pass, then validation and timing."""
+        """A readable summary for a terminal: per pass, then validation and timing (names
+        escaped: a node name from the model must not forge a line)."""
+        passes, choices = printable_tree(self.passes), printable_tree(self.choices)
+        validation = printable_tree(self.validation)
         rows = [("pass", "nodes", "changed", "rewrote", "declined", "time")]
-        for p in self.passes:
+        for p in passes:
             rewrote = sum(1 for s in p["sites"] if s["action"] == "rewrote")
             declined = sum(1 for s in p["sites"] if s["action"] == "declined")
             delta = ", ".join(f"{op} {n:+d}" for op, n in p["op_delta"].items()) or "-"
             rows.append((p["name"], f"{p['nodes_before']} -> {p['nodes_after']}", delta[:60], rewrote, declined,
                          f"{p['seconds']:.2f}s"))
         parts = [format_table(rows)]
-        declines = [(p["name"], s) for p in self.passes for s in p["sites"] if s["action"] == "declined"]
+        declines = [(p["name"], s) for p in passes for s in p["sites"] if s["action"] == "declined"]
         if declines:
             parts.append("declined:\n" + "\n".join(f"  {name}: {s['node']} ({s['op']}): {s['detail']}"
                                                    for name, s in declines[:40]))
             if len(declines) > 40:
                 parts.append(f"  ... and {len(declines) - 40} more (see the JSON report)")
-        notes = [(p["name"], n) for p in self.passes for n in p["notes"]]
+        notes = [(p["name"], n) for p in passes for n in p["notes"]]
         if notes:
             parts.append("notes:\n" + "\n".join(f"  {name}: {n}" for name, n in notes))
-        for c in self.choices:
+        for c in choices:
             parts.append(f"{c['pass']} --{c['option'].replace('_', '-')}: chose {c['choice']} ({c.get('how', '')})")
         if self.fp16_repair is not None:
-            parts.append(_fp16_repair_text(self.fp16_repair))
-        if self.validation is not None:
-            parts.append(_validation_table(self.validation))
+            parts.append(_fp16_repair_text(printable_tree(self.fp16_repair)))
+        if validation is not None:
+            parts.append(_validation_table(validation))
             if self.broken_by:
                 parts.append(f"first failing pass: {self.broken_by}")
         if self.timing:
@@ -199,9 +204,8 @@ def _validation_table(v: dict[str, Any]) -> str:
 def write(rep: Report, path) -> None:
     """Write the report atomically: JSON for a .json path, a self-contained page for .html."""
     import os
-    import tempfile
 
-    from dmlopt.errors import OutputError, UsageError
+    from dmlopt.errors import UsageError
 
     path = os.fspath(path)
     if path.endswith(".json"):
@@ -212,11 +216,4 @@ def write(rep: Report, path) -> None:
         text = html_report.render(rep)
     else:
         raise UsageError(f"--report {path}: the name must end in .json or .html")
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".tmp", dir=parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write the report: {e.strerror or e}") from e
+    write_text(path, text, "the report", label="--report ")

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any, Mapping
 
 import onnx_ir as ir
 
-from dmlopt.errors import OutputError
+from dmlopt.errors import OutputError, printable
 from dmlopt.graph_capture import Readiness
+from dmlopt.jsontext import json_text
+from dmlopt.model import check_destination, write_text
 
 __all__ = ["FORMAT", "config_path", "cpu_stand_in", "recommend", "snippet", "write"]
 
@@ -189,41 +190,29 @@ def snippet(path: str | os.PathLike) -> str:
 
 
 def write(cfg: Mapping[str, Any], path: str | os.PathLike, model_path: str | os.PathLike,
-          *, protect: tuple = ()) -> str:
+          *, protected: Mapping[str, str] | None = None) -> str:
     """Write `cfg` for the model at `model_path` to `path` atomically; returns the path.
 
-    Refuses a path that is a `protect`ed file (the input model, its data, the output model) and
-    an existing file that is not a dmlopt session configuration."""
+    Refuses a `protected` path (path -> what it is: the input model, its data, the output model)
+    and an existing file that is not a dmlopt session configuration."""
     path = os.fspath(path)
-    check_path(path, protect)
+    check_path(path, protected)
     data = dict(cfg)
     model_dir = os.path.dirname(os.path.abspath(path))
     data["model"] = os.path.relpath(os.path.abspath(model_path), model_dir).replace(os.sep, "/")
-    text = json.dumps(data, indent=2) + "\n"
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".session.", suffix=".tmp", dir=model_dir)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write the session configuration: {e.strerror or e}") from e
+    write_text(path, json_text(data) + "\n", "the session configuration")
     return path
 
 
-def check_path(path: str | os.PathLike, protect: tuple = ()) -> None:
-    """Fail before any work when the configuration could not be written or would replace
-    something that is not an earlier dmlopt session configuration."""
+def check_path(path: str | os.PathLike, protected: Mapping[str, str] | None = None) -> None:
+    """Fail before any work when the configuration could not be written (model.check_destination:
+    a protected path, a folder, a FIFO or device) or would replace something that is not an
+    earlier dmlopt session configuration."""
     path = os.fspath(path)
-    real = os.path.realpath(path)
-    for p in protect:
-        if p is not None and os.path.realpath(p) == real:
-            raise OutputError(f"{path}: the session configuration would overwrite {os.fspath(p)}; name the output "
-                              "differently or pass --no-session-config")
-    if os.path.isdir(path):
-        raise OutputError(f"{path}: is a directory (pass --no-session-config to skip the session configuration)")
+    check_destination(path, dict(protected or {}), label="session configuration ")
     if os.path.exists(path) and not _is_session_config(path):
-        raise OutputError(f"{path}: exists and is not a dmlopt session configuration; refusing to overwrite it "
-                          "(move it, or pass --no-session-config)")
+        raise OutputError(f"{printable(path)}: exists and is not a dmlopt session configuration; refusing to "
+                          "overwrite it (move it, or pass --no-session-config)")
 
 
 def _is_session_config(path: str) -> bool:

@@ -204,12 +204,12 @@ def big_model(tmp_path_factory) -> pathlib.Path:
     return path
 
 
-def _interrupt_when(proc: subprocess.Popen, appeared, timeout: float = 120.0) -> bool:
-    """Poll until `appeared()` is true, then SIGINT the process; False if it ended first."""
+def _interrupt_when(proc: subprocess.Popen, appeared, timeout: float = 120.0, sig=signal.SIGINT) -> bool:
+    """Poll until `appeared()` is true, then send `sig` (SIGINT) to the process; False if it ended first."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         if appeared():
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             return True
         time.sleep(0.002)
     return False
@@ -290,7 +290,7 @@ def test_interrupt_between_the_data_and_the_model_leaves_no_data_file(tmp_path, 
 
 def test_bad_report_path_fails_before_anything_is_written(cli, tmp_path, model_path):
     for report, fragment in (("report.txt", "must end in .json or .html"),
-                             (str(tmp_path / "missing" / "r.json"), "cannot write there")):
+                             (str(tmp_path / "missing" / "r.json"), "missing/r.json: folder")):
         r = cli("optimize", model_path, "-o", tmp_path / "out.onnx", "--report", report)
         assert r.code == 2 and fragment in r.err, r.err
         assert not (tmp_path / "out.onnx").exists()

@@ -163,7 +163,7 @@ def test_refuses_to_write_over_the_input(cli, tmp_path):
     onnx.save(conv_leaky_model(batch=1), src)
     before = src.read_bytes()
     r = cli("optimize", src, "-o", tmp_path / "out.onnx", "-q")
-    assert r.code == 2 and "would overwrite" in r.err
+    assert r.code == 2 and "refusing to overwrite the input model" in r.err
     assert src.read_bytes() == before
 
 
