@@ -61,9 +61,11 @@ def export_vit_b(work: pathlib.Path) -> pathlib.Path:
 
 def variants(args) -> dict[str, dict]:
     """name -> dmlopt.optimize keywords; "same_as" takes that variant's chosen options (nothing re-measured)."""
-    out: dict[str, dict] = {"dmlopt fp32": {}, "dmlopt fp16": {"fp16": True}}
+    # The rows that matter most first: a run cut short by a time limit keeps them (--work caches).
+    out: dict[str, dict] = {"dmlopt fp16": {"fp16": True}}
     if not args.no_tune:
         out["dmlopt fp16 tuned"] = {"fp16": True, "tune": True}
+    out["dmlopt fp32"] = {}
     if args.variants:
         for choice in ("keep", "fold", "fold-pad-v"):
             out[f"dmlopt fp16 relpos-bias={choice}"] = {"same_as": "dmlopt fp16", "attention": "fuse",
