@@ -109,6 +109,32 @@ def _strict_clean(model: ir.Model) -> bool:
         return False
 
 
+def model_interface(model: ir.Model) -> dict[str, list[tuple[str, str]]]:
+    """What a caller of the model sees: input and output names in order, with their types."""
+    def described(values):
+        return [(v.name, str(v.type)) for v in values]
+    inputs = [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+    return {"inputs": described(inputs), "outputs": described(model.graph.outputs)}
+
+
+def check_interface(before: dict[str, list[tuple[str, str]]], model: ir.Model, p: DmlPass) -> None:
+    """Refuse (a dmlopt bug) a pass that renamed, reordered, added, dropped or retyped a graph input
+    or output; fp16 without keep_io_types may change their float types, as asked."""
+    after = model_interface(model)
+    for kind in ("inputs", "outputs"):
+        old, new = before[kind], after[kind]
+        old_names, new_names = [n for n, _ in old], [n for n, _ in new]
+        if old_names != new_names:
+            raise PassBroke(f"pass '{p.name}' changed the model's {kind} from {old_names} to {new_names} "
+                            "(a dmlopt bug; nothing written)")
+        if p.changes_interface_types():
+            continue
+        for (name, was), (_, now) in zip(old, new):
+            if was != now and was != "None":  # a pass may type an output the input left untyped
+                raise PassBroke(f"pass '{p.name}' changed the type of {kind[:-1]} '{name}' from {was} to {now} "
+                                "(a dmlopt bug; nothing written)")
+
+
 class PassBroke(DmlOptError):
     """A pass produced a model the checker rejects: a dmlopt bug, reported as such."""
 
@@ -153,6 +179,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options=checked)
     explicit = passes is not None
     strict = _strict_clean(original)
+    interface = model_interface(original)
     for cls in pass_classes:
         p = cls(context)
         if not explicit and not p.enabled() and not tuning.pending(p, context):
@@ -168,6 +195,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         work = result.model
         elapsed = time.perf_counter() - t0
         check_model(work, f"pass '{p.name}'", strict=strict)
+        check_interface(interface, work, p)
         rep.add_pass(p, before=before, after=op_counts(work), modified=result.modified, seconds=elapsed)
     rep.finish(work, initializer_bytes(original), initializer_bytes(work))
     out = Result(work, rep)

@@ -95,6 +95,9 @@ class Fp16Pass(DmlPass):
         Option("fp16_keep_ops", "", "comma-separated op types to keep in float32, e.g. Pow,ReduceMean"),
     )
 
+    def changes_interface_types(self) -> bool:
+        return not self.option("keep_io_types")
+
     def enabled(self) -> bool:
         return bool(self.option("fp16"))
 
