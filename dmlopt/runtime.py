@@ -189,8 +189,9 @@ def random_inputs(specs: Mapping[str, tuple[list[int], Any]], seed: int = 0) -> 
         total += nbytes
         if total > MAX_RANDOM_INPUT_BYTES:
             what = f"input '{name}' of shape [{', '.join(map(str, shape))}]"
-            raise InputError(f"{what} would bring the random inputs to {total / 2**30:.3g} GiB (limit "
-                             f"{MAX_RANDOM_INPUT_BYTES / 2**30:.3g} GiB); give a smaller --shape or --inputs FILE.npz")
+            raise InputError(f"{what} would bring the inputs to {total / 2**30:.3g} GiB of random data (limit "
+                             f"{MAX_RANDOM_INPUT_BYTES / 2**30:.3g} GiB for all together); give a smaller --shape "
+                             "or --inputs FILE.npz")
         checked.append((name, [int(d) for d in shape], dtype))
     return {name: _random_array(rng, shape, dtype) for name, shape, dtype in checked}
 

@@ -126,6 +126,12 @@ class _FirstOpGate:
     def commute(self):
         return [_FirstOpGate(r, self._op) for r in self._rule.commute()]
 
+    def graph_pre_visitor(self):
+        """Called before each graph is rewritten: its nodes are counted again."""
+        self._counted.clear()
+        if self._rule.graph_pre_visitor:
+            self._rule.graph_pre_visitor()
+
     def try_rewrite(self, model, graph_or_function, node, **kw):
         if node.op_identifier() != self._op:
             return None

@@ -224,18 +224,17 @@ class _FoldGuard:
         count = sum(counts)
         if big_maker and count > BIG_RESULT:
             return self._keep(node, f"result of {count} elements stays an op (bound {BIG_RESULT})")
+        growth = count * _itemsize(out) - _freed_bytes(node) if out is not None else 0
+        if growth > SMALL_GROWTH and growth > self.remaining:
+            return self._keep(node, f"folding would add {growth} bytes of constants, over the 1% budget "
+                                    f"({max(int(self.remaining), 0)} bytes left)", grows=True)
         reason = shape_inference.fold_refusal(node, BIG_RESULT, counts=counts)
         if reason is not None:
             return self._keep(node, f"{reason}: stays an op")
         if out is None:
-            return None  # several outputs: onnxscript does not fold them
-        growth = count * _itemsize(out) - _freed_bytes(node)
-        if growth <= SMALL_GROWTH:
-            return True if big_maker else None
-        if growth > self.remaining:
-            return self._keep(node, f"folding would add {growth} bytes of constants, over the 1% budget "
-                                    f"({max(int(self.remaining), 0)} bytes left)", grows=True)
-        self.remaining -= max(growth, 0)
+            return None  # several outputs: onnxscript's own rules
+        if growth > SMALL_GROWTH:
+            self.remaining -= growth
         return True if big_maker else None
 
 

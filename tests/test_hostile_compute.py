@@ -310,7 +310,7 @@ def test_random_inputs_are_made_in_their_own_dtype():
 def test_random_input_cap_counts_all_inputs_together(monkeypatch):
     monkeypatch.setattr(runtime, "MAX_RANDOM_INPUT_BYTES", 1000)
     runtime.random_inputs({"a": ([600], np.uint8)})
-    with pytest.raises(InputError, match="random inputs to .* GiB"):
+    with pytest.raises(InputError, match="inputs to .* GiB of random data"):
         runtime.random_inputs({"a": ([600], np.uint8), "b": ([600], np.uint8)})
 
 
