@@ -348,7 +348,7 @@ def _fold_node(node: ir.Node, unfolded: list[str]) -> list[np.ndarray] | None:
     tensors = {v.name: _const_tensor(v) for v in inputs if v is not None}
     if any(t is None for t in tensors.values()):
         return None
-    if fold_refusal(node, FOLD_LIMIT_ELEMENTS) is not None:  # sized before evaluating
+    if fold_refusal(node, FOLD_LIMIT_ELEMENTS, const=_const_tensor) is not None:  # sized before evaluating
         if node.name not in unfolded:
             unfolded.append(node.name or node.op_type)
         return None

@@ -183,13 +183,15 @@ def _collect(graph: ir.Graph, proto: onnx.GraphProto, found: dict[ir.Graph, dict
                     _collect(sub, sub_proto, found)
 
 
-def folded_elements(node: ir.Node, opset: int | None = None) -> list[int] | None:
+def folded_elements(node: ir.Node, opset: int | None = None, const=None) -> list[int] | None:
     """Elements of each output of `node` if it were evaluated on its constant inputs, or None.
 
     From onnx's inference of this one node on the inputs' true types and shapes (those of the
     tensors themselves, never a declared value_info, which a model may get wrong) and the data
     of its small constant inputs; None when an input is not constant or a size cannot be known.
-    Nothing is evaluated: this is what a folder asks before it materializes a tensor.  String
+    `const(value)` gives an input's tensor (default: its ``const_value``; the placement model
+    also reads Constant nodes).  Nothing is evaluated: this is what a folder asks before it
+    materializes a tensor.  String
     results count as unknown: their size is not in their shape (and onnx_ir cannot save a
     string tensor a folder makes).
     """
@@ -197,7 +199,7 @@ def folded_elements(node: ir.Node, opset: int | None = None) -> list[int] | None
     for value in node.inputs:
         if value is None or not value.name:
             continue
-        tensor = value.const_value
+        tensor = const(value) if const is not None else value.const_value
         if tensor is None:
             return None
         type_proto = onnx.helper.make_tensor_type_proto(int(tensor.dtype), list(tensor.shape.numpy()))
@@ -229,14 +231,17 @@ def folded_elements(node: ir.Node, opset: int | None = None) -> list[int] | None
     return counts
 
 
-def fold_refusal(node: ir.Node, limit: int, opset: int | None = None, counts: list[int] | None = None) -> str | None:
+def fold_refusal(node: ir.Node, limit: int, opset: int | None = None, counts: list[int] | None = None,
+                 const=None) -> str | None:
     """Why `node` must not be evaluated by a folder allowed `limit` output elements; None if it may.
 
     An output over the limit is allowed when the constant inputs that die with the node are at
     least as big (a Transpose of a weight replaces it); an output whose size is unknown is
-    refused.  Checked before evaluating, unlike onnxscript's own output limit.
+    refused.  Checked before evaluating, unlike onnxscript's own output limit.  `counts`: the
+    node's `folded_elements`, when the caller has them; `const` as for `folded_elements`.
     """
-    counts = folded_elements(node, opset)
+    const = const or (lambda value: value.const_value)
+    counts = counts if counts is not None else folded_elements(node, opset, const)
     if counts is None:
         return "result size unknown before evaluating it"
     total = sum(counts)
@@ -244,9 +249,14 @@ def fold_refusal(node: ir.Node, limit: int, opset: int | None = None, counts: li
         return None
     freed = 0
     for value in node.inputs:
-        if value is not None and value.const_value is not None and len(value.uses()) == 1 \
-                and not value.is_graph_output():
-            freed += math.prod(value.const_value.shape.numpy())
+        tensor = const(value) if value is not None else None
+        if tensor is not None and len(value.uses()) == 1 and not value.is_graph_output():
+            freed += math.prod(tensor.shape.numpy())
     if total <= freed:
         return None
     return f"result of {total} elements, over the folding limit of {limit}"
+
+
+def sized_folds(limit: int):
+    """A `should_fold` for onnxscript's folder: False where `fold_refusal` refuses, else its own rules."""
+    return lambda node: False if fold_refusal(node, limit) is not None else None
