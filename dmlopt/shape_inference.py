@@ -191,9 +191,9 @@ def folded_elements(node: ir.Node, opset: int | None = None, const=None) -> list
     of its small constant inputs; None when an input is not constant or a size cannot be known.
     `const(value)` gives an input's tensor (default: its ``const_value``; the placement model
     also reads Constant nodes).  Nothing is evaluated: this is what a folder asks before it
-    materializes a tensor.  String
-    results count as unknown: their size is not in their shape (and onnx_ir cannot save a
-    string tensor a folder makes).
+    materializes a tensor.  String results count as unknown: their size is not in their shape
+    (and onnx_ir cannot save a string tensor a folder makes).  A subgraph without its own opset
+    imports is inferred with the newest schema; where that does not fit, the size is unknown.
     """
     input_types, input_data = {}, {}
     for value in node.inputs:
