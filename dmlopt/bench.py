@@ -232,11 +232,15 @@ class Timer:
 
     def once(self) -> float:
         t0 = time.perf_counter()
-        if self._binding is not None:
-            self.session.run_with_iobinding(self._binding)
-            self._binding.synchronize_outputs()
-        else:
-            self.session.run(self.outputs, self.feeds)
+        try:
+            if self._binding is not None:
+                self.session.run_with_iobinding(self._binding)
+                self._binding.synchronize_outputs()
+            else:
+                self.session.run(self.outputs, self.feeds)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+            raise InputError(f"ONNX Runtime failed to run the model on {self.provider} while timing it: "
+                             f"{runtime._first_line(e)}") from e
         return (time.perf_counter() - t0) * 1000.0
 
     def run_outputs(self) -> list[np.ndarray]:
@@ -513,7 +517,11 @@ def time_emulated(model: ir.Model, emulate: str, *, runs: int = 20, warmup: int 
 def _emulated_runner(session, feeds) -> Callable[[], float]:
     def run() -> float:
         t0 = time.perf_counter()
-        session.run(feeds)
+        try:
+            session.run(feeds)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+            raise InputError(f"ONNX Runtime failed to run the emulated model while timing it: "
+                             f"{runtime._first_line(e)}") from e
         return (time.perf_counter() - t0) * 1000.0
     return run
 

@@ -397,16 +397,24 @@ def _all_initializer_tensors(model: ir.Model):
                 yield value.const_value
 
 
+def tensor_bytes(tensor: ir.TensorProtocol) -> int:
+    """Bytes of a tensor's data; for string tensors (no fixed item size), the bytes of its strings."""
+    try:
+        return tensor.nbytes
+    except TypeError:
+        return sum(len(s) for s in tensor.numpy().ravel())
+
+
 def initializer_bytes(model: ir.Model) -> int:
     """Bytes held in initializers and Constant nodes, the part of a file that folding can grow."""
     total = 0
     for tensor in _all_initializer_tensors(model):
-        total += tensor.nbytes
+        total += tensor_bytes(tensor)
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for attr in node.attributes.values():
                 if attr.type == ir.AttributeType.TENSOR:
-                    total += attr.value.nbytes
+                    total += tensor_bytes(attr.value)
     return total
 
 

@@ -136,6 +136,32 @@ def _strict_clean(model: ir.Model) -> bool:
         return False
 
 
+def model_interface(model: ir.Model) -> dict[str, list[tuple[str, str]]]:
+    """What a caller of the model sees: input and output names in order, with their types."""
+    def described(values):
+        return [(v.name, str(v.type)) for v in values]
+    inputs = [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+    return {"inputs": described(inputs), "outputs": described(model.graph.outputs)}
+
+
+def check_interface(before: dict[str, list[tuple[str, str]]], model: ir.Model, p: DmlPass) -> None:
+    """Refuse (a dmlopt bug) a pass that renamed, reordered, added, dropped or retyped a graph input
+    or output; fp16 without keep_io_types may change their float types, as asked."""
+    after = model_interface(model)
+    for kind in ("inputs", "outputs"):
+        old, new = before[kind], after[kind]
+        old_names, new_names = [n for n, _ in old], [n for n, _ in new]
+        if old_names != new_names:
+            raise PassBroke(f"pass '{p.name}' changed the model's {kind} from {old_names} to {new_names} "
+                            "(a dmlopt bug; nothing written)")
+        if p.changes_interface_types():
+            continue
+        for (name, was), (_, now) in zip(old, new):
+            if was != now and was != "None":  # a pass may type an output the input left untyped
+                raise PassBroke(f"pass '{p.name}' changed the type of {kind[:-1]} '{name}' from {was} to {now} "
+                                "(a dmlopt bug; nothing written)")
+
+
 class PassBroke(DmlOptError):
     """A pass produced a model the checker rejects: a dmlopt bug, reported as such."""
 
@@ -259,6 +285,7 @@ class PassRunner:
                  only: set[int] | None = None, on_pass=None, progress=None) -> tuple[ir.Model, dict[int, bool]]:
         context = dataclasses.replace(self.context, options=dict(options))
         modified: dict[int, bool] = {}
+        interface = model_interface(model)
         for index in range(start, len(self.passes) if stop is None else stop):
             p = self.passes[index](context)
             if (only is not None and index not in only) or (not self.explicit and not p.enabled()):
@@ -271,6 +298,7 @@ class PassRunner:
             model = result.model
             elapsed = time.perf_counter() - t0
             check_model(model, f"pass '{p.name}'", strict=self.strict)
+            check_interface(interface, model, p)
             modified[index] = bool(result.modified)
             if on_pass:
                 on_pass(p, before, model, result.modified, elapsed)

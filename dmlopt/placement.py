@@ -38,7 +38,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from dmlopt.einsum_support import einsum_supported, parse_version
-from dmlopt.shape_inference import infer_shapes
+from dmlopt.shape_inference import check_function_expansion, fold_refusal, infer_shapes
 
 __all__ = ["Placement", "available_versions", "einsum_supported", "load_data", "predict", "summary_table"]
 
@@ -47,6 +47,9 @@ CONTROL_FLOW = {"If", "Loop", "Scan"}
 NOT_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                 "Bernoulli"}
 MS_DOMAIN = "com.microsoft"
+# The prediction evaluates ORT's folds itself; a result over this many elements (that frees
+# less than it adds) is not evaluated and is predicted as a node (a warning says so).
+FOLD_LIMIT_ELEMENTS = 1 << 22
 
 
 # ** the data files **
@@ -209,6 +212,7 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     """
     data = load_data(ort_version)
     work, folded_by_ort = _prepare(model, fold)
+    unfolded = work.graph.meta.get(UNFOLDED_KEY, [])
     opsets = dict(work.opset_imports)
     cpu_nodes: list[dict[str, Any]] = []
     copies: list[dict[str, Any]] = []
@@ -246,7 +250,7 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     }
     return Placement(ort_version=data.version, data_source=data.name, nodes=totals["nodes"],
                      dml_nodes=totals["dml"], cpu_nodes=cpu_nodes, memcpy=memcpy, partitions=partitions,
-                     folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data),
+                     folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data, unfolded),
                      version_gaps=gaps)
 
 
@@ -306,17 +310,22 @@ def version_gap_text(gap: dict[str, Any], ort_version: str) -> str:
     return f"{gap['op']}-{gap['version']}: DirectML registers {has} (ORT {ort_version}; {where})"
 
 
-def _warnings(model: ir.Model, data: DmlData) -> list[str]:
+def _warnings(model: ir.Model, data: DmlData, unfolded: list[str]) -> list[str]:
+    found = []
     rule = data.rules.get("max_onnx_opset")
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     if rule and opset is not None and opset > rule["value"]:
-        return [f"the model uses ai.onnx opset {opset}; ONNX Runtime {data.version} loads opsets up to "
-                f"{rule['value']} (the session would fail to load)"]
-    return []
+        found.append(f"the model uses ai.onnx opset {opset}; ONNX Runtime {data.version} loads opsets up to "
+                     f"{rule['value']} (the session would fail to load)")
+    if unfolded:
+        found.append(f"{len(unfolded)} constant nodes ORT would fold have results too large (or of unknown size) to evaluate here "
+                     f"(e.g. {unfolded[0]}): predicted as nodes; ORT materializes them when it loads the model")
+    return found
 
 
 def _prepare(model: ir.Model, fold: bool) -> tuple[ir.Model, int]:
     if model.functions:  # ORT inlines model-local functions when it loads the model
+        check_function_expansion(model)
         model = model.clone()
         common_passes.InlinePass()(model)
     return _ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
@@ -356,10 +365,11 @@ def _ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Mod
     """
     work = _with_shapes(model.clone())
     folded = 0
+    unfolded: list[str] = []
     for _ in range(max_rounds):
         changed = 0
         for node in list(work.graph):
-            values = _fold_node(node)
+            values = _fold_node(node, unfolded)
             if values is None:
                 continue
             for out, array in zip(node.outputs, values):
@@ -375,10 +385,14 @@ def _ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Mod
         if not changed:
             break
         work = _with_shapes(work)
+    work.graph.meta[UNFOLDED_KEY] = unfolded
     return work, folded
 
 
-def _fold_node(node: ir.Node) -> list[np.ndarray] | None:
+UNFOLDED_KEY = "dmlopt.placement.unfolded"
+
+
+def _fold_node(node: ir.Node, unfolded: list[str]) -> list[np.ndarray] | None:
     """The values of `node`'s outputs when ORT would fold it, else None."""
     if _domain(node.domain) != "" or node.op_type in NOT_FOLDABLE or node.op_type == "Constant" \
             or graph_attributes(node) or not node.outputs:
@@ -394,6 +408,10 @@ def _fold_node(node: ir.Node) -> list[np.ndarray] | None:
         return None
     tensors = {v.name: _const_tensor(v) for v in inputs if v is not None}
     if any(t is None for t in tensors.values()):
+        return None
+    if fold_refusal(node, FOLD_LIMIT_ELEMENTS, const=_const_tensor) is not None:  # sized before evaluating
+        if node.name not in unfolded:
+            unfolded.append(node.name or node.op_type)
         return None
     feeds = {name: t.numpy() for name, t in tensors.items()}
     try:

@@ -9,6 +9,7 @@ over protobuf's 2 GB); and concrete inputs for an input whose dims may be symbol
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pathlib
 import shutil
@@ -19,6 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dmlopt.errors import InputError, ProviderError
+from dmlopt.shape_inference import check_function_expansion
 
 PROVIDERS = {
     "dml": "DmlExecutionProvider",
@@ -99,6 +101,7 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
     """An InferenceSession of `model` on `target`.  `optimize=False` turns ORT's rewrites off,
     which validation uses so that the graph itself is compared, not ORT's version of it;
     `level` names a GraphOptimizationLevel instead (calibration keeps node names with ORT_ENABLE_BASIC)."""
+    check_function_expansion(model)  # ORT inlines every call when it loads the model
     rt = ort()
     so = rt.SessionOptions()
     so.graph_optimization_level = (getattr(rt.GraphOptimizationLevel, level) if level else
@@ -163,29 +166,51 @@ def input_specs(model: ir.Model, shapes: Mapping[str, list[int]] | None = None,
     return specs
 
 
-# A declared dim can be anything up to 2**63; refuse before numpy tries to allocate it.
-MAX_RANDOM_INPUT_BYTES = 2**32
+# A declared dim can be anything up to 2**63; refuse before numpy tries to allocate it.  Counted
+# in the bytes really generated, over all inputs together.
+MAX_RANDOM_INPUT_BYTES = 2**31
+# Float16 inputs are drawn in float32 this many elements at a time.
+RANDOM_CHUNK = 1 << 20
 
 
 def random_inputs(specs: Mapping[str, tuple[list[int], Any]], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs: normal floats, small non-negative ints (safe as indices), random bools."""
+    """Seeded inputs: normal floats, small non-negative ints (safe as indices), random bools.
+
+    Each is generated in its own dtype (no float64 or int64 copy of the whole input), and all
+    of them together may take at most MAX_RANDOM_INPUT_BYTES."""
     rng = np.random.default_rng(seed)
-    feeds = {}
+    total = 0
+    checked = []
     for name, (shape, dtype) in specs.items():
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
-        if nbytes > MAX_RANDOM_INPUT_BYTES:
-            raise InputError(f"input '{name}' of shape [{', '.join(map(str, shape))}] would need {nbytes / 2**30:.3g} GiB "
-                             f"of random data; give a smaller --shape or --inputs FILE.npz")
-        if dtype.kind == "f":
-            feeds[name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind in "iu":
-            feeds[name] = rng.integers(0, 2, size=shape).astype(dtype)
-        elif dtype.kind == "b":
-            feeds[name] = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            raise InputError(f"input '{name}' has dtype {dtype}, which dmlopt cannot generate; pass --inputs FILE.npz")
-    return feeds
+        if dtype.kind not in "fiub":
+            kind = "string" if dtype.kind in "OUS" else str(dtype)
+            raise InputError(f"input '{name}' is a {kind} tensor, which dmlopt cannot generate; "
+                             "pass --inputs FILE.npz")
+        nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
+        total += nbytes
+        if total > MAX_RANDOM_INPUT_BYTES:
+            what = f"input '{name}' of shape [{', '.join(map(str, shape))}]"
+            raise InputError(f"{what} would bring the inputs to {total / 2**30:.3g} GiB of random data (limit "
+                             f"{MAX_RANDOM_INPUT_BYTES / 2**30:.3g} GiB for all together); give a smaller --shape "
+                             "or --inputs FILE.npz")
+        checked.append((name, [int(d) for d in shape], dtype))
+    return {name: _random_array(rng, shape, dtype) for name, shape, dtype in checked}
+
+
+def _random_array(rng: np.random.Generator, shape: list[int], dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape, dtype=np.bool_)
+    if dtype.kind in "iu":
+        return rng.integers(0, 2, size=shape, dtype=dtype)
+    if dtype in (np.float32, np.float64):
+        return rng.standard_normal(shape, dtype=dtype)
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, RANDOM_CHUNK):
+        stop = min(start + RANDOM_CHUNK, flat.size)
+        flat[start:stop] = rng.standard_normal(stop - start, dtype=np.float32)
+    return out
 
 
 def _first_line(e: BaseException) -> str:

@@ -11,24 +11,90 @@ Small initializers keep their data: inference reads constant inputs (Reshape's s
 starts, axes, pads) and data propagation reads shape arithmetic.  Initializers of subgraphs are
 left as they are (their graph inputs are positional, a Loop body cannot gain one); they are rare
 and small in exported models.
+
+Two bounds live here because onnx's inference is where an unbounded model first explodes:
+``check_function_expansion`` refuses model-local functions that would expand past
+``MAX_INLINED_NODES`` nodes (onnx infers a function by expanding every call, as inlining does),
+and ``folded_elements`` sizes a constant fold from the true shapes of its inputs, before any
+folder evaluates it (a few bytes of Expand can ask for gigabytes).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import onnx
 import onnx_ir as ir
 
+from dmlopt.errors import InputError
+from dmlopt.model import tensor_bytes
+
 SMALL_TENSOR_BYTES = 4096  # initializers up to this size keep their data in the proto
+# More nodes than any exported model has once its functions are inlined; beyond it, refused.
+MAX_INLINED_NODES = 1_000_000
+# Constant inputs up to this many elements are handed to onnx's node inference as data
+# (shape, repeats, pads, Range's scalars decide an output's size).
+SHAPE_DATA_ELEMENTS = 64
 logger = logging.getLogger(__name__)
 
 
+def check_function_expansion(model: ir.Model, limit: int = MAX_INLINED_NODES) -> int:
+    """Nodes of `model` once every call of a model-local function is inlined; InputError above `limit`.
+
+    Counted without expanding anything (each function's size once, from its callees'), so
+    functions that nest with a large fan-out are refused at once, as is a function that calls
+    itself.  ONNX Runtime, onnx's shape inference and onnxscript's inliner all expand them.
+    """
+    functions = model.functions
+    sizes: dict[tuple, int] = {}
+    active: set[tuple] = set()
+
+    def graph_size(nodes) -> int:
+        total = 0
+        for node in nodes:
+            key = node.op_identifier()
+            total += function_size(key) if key in functions else 1
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    total += graph_size(attr.as_graph())
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    total += sum(graph_size(g) for g in attr.as_graphs())
+            if total > limit:
+                return total  # no need to count further: already refused
+        return total
+
+    def function_size(key: tuple) -> int:
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise InputError(f"model-local function {key[0]}::{key[1]} calls itself (directly or through "
+                             "others): it cannot be inlined")
+        active.add(key)
+        sizes[key] = graph_size(functions[key])
+        active.discard(key)
+        return sizes[key]
+
+    if not functions:
+        return sum(1 for _ in ir.traversal.RecursiveGraphIterator(model.graph))
+    try:  # the recursion depth is the nesting depth of the calls
+        total = graph_size(model.graph)
+    except RecursionError:
+        raise InputError("model-local functions nest too deeply to be inlined") from None
+    if total > limit:
+        raise InputError(f"model-local functions expand to more than {limit} nodes when inlined "
+                         f"(calls nest with a large fan-out): refused")
+    return total
+
+
 def weightless_proto(model: ir.Model) -> onnx.ModelProto:
-    """`model` as a ModelProto whose large main-graph initializers are typed graph inputs (no data)."""
+    """`model` as a ModelProto whose large main-graph initializers are typed graph inputs (no data).
+
+    Every inference goes through here: functions that would expand without bound are refused first."""
+    check_function_expansion(model)
     graph = model.graph
     small = [v for v in graph.initializers.values()
-             if v.const_value is not None and v.const_value.nbytes <= SMALL_TENSOR_BYTES]
+             if v.const_value is not None and tensor_bytes(v.const_value) <= SMALL_TENSOR_BYTES]
     kept = set(small)
     declared = set(graph.inputs)
     large = [_declaration(v) for v in graph.initializers.values() if v not in kept and v not in declared]
@@ -132,3 +198,82 @@ def _gathers_from_huge_vector(proto: onnx.ModelProto) -> bool:
         if len(dims) == 1 and dims[0].HasField("dim_value") and dims[0].dim_value > HUGE_VECTOR_ELEMENTS:
             huge.add(value.name)
     return bool(huge) and any(n.op_type == "Gather" and n.input and n.input[0] in huge for n in proto.graph.node)
+
+
+def folded_elements(node: ir.Node, opset: int | None = None, const=None) -> list[int] | None:
+    """Elements of each output of `node` if it were evaluated on its constant inputs, or None.
+
+    From onnx's inference of this one node on the inputs' true types and shapes (those of the
+    tensors themselves, never a declared value_info, which a model may get wrong) and the data
+    of its small constant inputs; None when an input is not constant or a size cannot be known.
+    `const(value)` gives an input's tensor (default: its ``const_value``; the placement model
+    also reads Constant nodes).  Nothing is evaluated: this is what a folder asks before it
+    materializes a tensor.  String results count as unknown: their size is not in their shape
+    (and onnx_ir cannot save a string tensor a folder makes).  A subgraph without its own opset
+    imports is inferred with the newest schema; where that does not fit, the size is unknown.
+    """
+    input_types, input_data = {}, {}
+    for value in node.inputs:
+        if value is None or not value.name:
+            continue
+        tensor = const(value) if const is not None else value.const_value
+        if tensor is None:
+            return None
+        type_proto = onnx.helper.make_tensor_type_proto(int(tensor.dtype), list(tensor.shape.numpy()))
+        input_types[value.name] = type_proto
+        if math.prod(tensor.shape.numpy()) <= SHAPE_DATA_ELEMENTS:
+            try:
+                input_data[value.name] = ir.serde.serialize_tensor(tensor)
+            except Exception:  # noqa: BLE001 - unreadable data: sized without it
+                pass
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    try:
+        version = opset if opset is not None else (node.graph.opset_imports.get(domain) if node.graph else None)
+        schema = onnx.defs.get_schema(node.op_type, version or onnx.defs.onnx_opset_version(), domain)
+        inferred = onnx.shape_inference.infer_node_outputs(schema, ir.serde.serialize_node(node), input_types,
+                                                           input_data)
+    except Exception:  # noqa: BLE001 - unknown op, bad attributes: not sizeable
+        return None
+    counts = []
+    for out in node.outputs:
+        type_proto = inferred.get(out.name)
+        if type_proto is None or not type_proto.HasField("tensor_type") \
+                or not type_proto.tensor_type.HasField("shape") \
+                or type_proto.tensor_type.elem_type == onnx.TensorProto.STRING:  # a string has no fixed size
+            return None
+        dims = type_proto.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") or d.dim_value < 0 for d in dims):
+            return None
+        counts.append(math.prod(d.dim_value for d in dims))
+    return counts
+
+
+def fold_refusal(node: ir.Node, limit: int, opset: int | None = None, counts: list[int] | None = None,
+                 const=None) -> str | None:
+    """Why `node` must not be evaluated by a folder allowed `limit` output elements; None if it may.
+
+    An output over the limit is allowed when the constant inputs that die with the node are at
+    least as big (a Transpose of a weight replaces it); an output whose size is unknown is
+    refused.  Checked before evaluating, unlike onnxscript's own output limit.  `counts`: the
+    node's `folded_elements`, when the caller has them; `const` as for `folded_elements`.
+    """
+    const = const or (lambda value: value.const_value)
+    counts = counts if counts is not None else folded_elements(node, opset, const)
+    if counts is None:
+        return "result size unknown before evaluating it"
+    total = sum(counts)
+    if total <= limit:
+        return None
+    freed = 0
+    for value in node.inputs:
+        tensor = const(value) if value is not None else None
+        if tensor is not None and len(value.uses()) == 1 and not value.is_graph_output():
+            freed += math.prod(tensor.shape.numpy())
+    if total <= freed:
+        return None
+    return f"result of {total} elements, over the folding limit of {limit}"
+
+
+def sized_folds(limit: int):
+    """A `should_fold` for onnxscript's folder: False where `fold_refusal` refuses, else its own rules."""
+    return lambda node: False if fold_refusal(node, limit) is not None else None

@@ -12,8 +12,8 @@ Accepted spellings:
   ``DIM_PARAM=VALUE``   a named dynamic axis (``batch=1``); it freezes every occurrence.
 
 Refused (``UsageError``, exit 2, one line): malformed text, a value that is not a positive
-integer, an input or dim name the model does not have, a shape of the wrong rank, a value
-that contradicts a static dim, and two settings that give one named dim two values.
+integer or does not fit in int64, an input or dim name the model does not have, a shape of the
+wrong rank, a value that contradicts a static dim, and two settings that give one named dim two values.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from typing import Mapping, Sequence
 import onnx_ir as ir
 
 from dmlopt.errors import UsageError
+
+MAX_DIM = 2**63 - 1  # dims are int64 in ONNX
 
 
 def parse_shape(text: str) -> dict[str, list[int]]:
@@ -65,6 +67,8 @@ def _positive(item: str, where: str) -> int:
         raise UsageError(f"{where}: '{item}' is not an integer") from None
     if value <= 0:
         raise UsageError(f"{where}: dimensions must be positive integers (got {value})")
+    if value > MAX_DIM:
+        raise UsageError(f"{where}: {value} is larger than an ONNX dimension can be (at most 2**63-1)")
     return value
 
 
@@ -141,6 +145,8 @@ def _checked_value(value, where: str) -> int:
         raise UsageError(f"{where}: {value!r} is not an integer")
     if int(value) <= 0:
         raise UsageError(f"{where}: dimensions must be positive integers (got {int(value)})")
+    if int(value) > MAX_DIM:
+        raise UsageError(f"{where}: {int(value)} is larger than an ONNX dimension can be (at most 2**63-1)")
     return int(value)
 
 

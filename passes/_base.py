@@ -133,6 +133,11 @@ class DmlPass(ir.passes.InPlacePass):
         """Whether the pass has anything to do under this context (fp16 only when asked)."""
         return True
 
+    def changes_interface_types(self) -> bool:
+        """Whether this run may change the element types of the graph's inputs and outputs
+        (fp16 without keep_io_types, on request); names and order never change."""
+        return False
+
     # -- the site log ---------------------------------------------------------
     def rewrote(self, node: ir.Node | str, detail: str, **extra: Any) -> None:
         self._log(node, "rewrote", detail, extra)

@@ -2,24 +2,40 @@
 
 Cases:
   1. Foldable subgraphs (Shape of static values, arithmetic on constants) become
-     constants; dead nodes, Identity and no-op nodes go (onnxscript.optimizer).
+     constants; dead nodes, Identity and no-op nodes go (onnxscript.optimizer's passes).
   2. Folding may materialize large tensors (Expand, Tile, ConstantOfShape, Range on
-     constants).  Peers have grown models 5-10x this way.  The result is measured: if
-     the initializers grew by more than 1% (``MAX_GROWTH``), the fold is undone and
-     retried with a smaller output limit, down to removing dead nodes only.
+     constants).  Peers have grown models 5-10x this way.  Each fold is sized from the true
+     shapes of its inputs before anything is evaluated (``fold_refusal``): a result over the
+     output limit stays an op, so a 300-byte Expand to [30000, 30000] allocates nothing.
+     The result is then measured: if the initializers grew by more than 1% (``MAX_GROWTH``),
+     the fold is undone and retried with a smaller output limit, down to dead nodes only.
+  3. The model's interface stays as it is: the passes are those of
+     ``onnxscript.optimizer.optimize_ir`` less its OutputFixPass, which renames a graph
+     input that is also a graph output (``m`` -> ``m_orig``) and so changes what a caller feeds.
+  4. Model-local functions are inlined only when they expand to a bounded number of nodes
+     (``dmlopt.shape_inference.check_function_expansion``); otherwise the model is refused.
+  5. onnxscript's multi-output rule (Slices -> Split) lists the whole graph for every node it
+     is tried on; it is tried only on Slice nodes, and only in graphs with at most
+     ``MAX_SLICES_FOR_SPLIT`` Slices (freeze-shapes merges tiling Slices in one walk anyway).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import onnx_ir as ir
-from onnxscript import optimizer
+import onnx_ir.passes.common as common_passes
+from onnxscript import rewriter
+from onnxscript.optimizer import _constant_folding as constant_folding
 
 from dmlopt.model import initializer_bytes
 from dmlopt.passes._base import DmlPass, remove_unused_nodes, restore
+from dmlopt.shape_inference import check_function_expansion, fold_refusal
 
 MAX_GROWTH = 0.01
 # Largest folded tensor (elements) tried first, then smaller ones while the model grows.
 OUTPUT_LIMITS = (1 << 20, 1 << 12, 64)
+MAX_SLICES_FOR_SPLIT = 256
 
 
 class CleanupPass(DmlPass):
@@ -33,9 +49,11 @@ class CleanupPass(DmlPass):
         before_nodes = _count_nodes(model)
         before_bytes = initializer_bytes(model)
         budget = before_bytes * (1 + MAX_GROWTH) + 4096  # tiny models: allow a few scalars
+        if model.functions:
+            check_function_expansion(model)
         for limit in OUTPUT_LIMITS:
             backup = model.clone()
-            optimizer.optimize_ir(model, num_iterations=2, output_size_limit=limit)
+            optimizer_passes(limit, self._size_guard(limit))(model)
             after_bytes = initializer_bytes(model)
             if after_bytes <= budget:
                 if limit != OUTPUT_LIMITS[0]:
@@ -44,6 +62,7 @@ class CleanupPass(DmlPass):
             self.note(f"folding with outputs up to {limit} elements grew constants {before_bytes} -> {after_bytes} bytes: undone")
             restore(model, backup)
         else:
+            common_passes.InlinePass()(model)
             remove_unused_nodes(model)
             self.note("constant folding skipped: every attempt grew the model by more than 1%")
         after_nodes = _count_nodes(model)
@@ -51,6 +70,77 @@ class CleanupPass(DmlPass):
         if modified:
             self.rewrote("<graph>", f"{before_nodes} -> {after_nodes} nodes")
         return ir.passes.PassResult(model, modified)
+
+    def _size_guard(self, limit: int) -> Callable[[ir.Node], bool | None]:
+        """onnxscript's `should_fold`: False for a node whose result would be too big, else its own rules."""
+        def should_fold(node: ir.Node) -> bool | None:
+            reason = fold_refusal(node, limit)
+            if reason is None:
+                return None
+            if limit == OUTPUT_LIMITS[0]:
+                self.kept(node, f"not folded: {reason}")
+            return False
+        return should_fold
+
+
+def optimizer_passes(output_limit: int, should_fold: Callable[[ir.Node], bool | None]) -> ir.passes.Sequential:
+    """``onnxscript.optimizer.optimize_ir``'s passes (2 iterations), without OutputFixPass (case 3)."""
+    folding = ir.passes.PassManager([
+        constant_folding.FoldConstantsPass(shape_inference=True,
+                                           input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+                                           output_size_limit=output_limit, should_fold=should_fold),
+        rewriter.RewritePass(default_rules()),
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.RemoveUnusedFunctionsPass(),
+        common_passes.RemoveUnusedOpsetsPass(),
+    ], steps=2, early_stop=True)
+    return ir.passes.Sequential(
+        common_passes.InlinePass(), folding, common_passes.RemoveUnusedNodesPass(),
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common_passes.LiftSubgraphInitializersToMainGraphPass(), common_passes.DeduplicateInitializersPass(),
+        common_passes.CommonSubexpressionEliminationPass(), common_passes.NameFixPass())
+
+
+def default_rules() -> list:
+    """The rules optimize_ir applies, multi-output ones gated to their first op (case 5)."""
+    rules = []
+    for rule in rewriter._DEFAULT_REWRITE_RULES:  # noqa: SLF001 - optimize_ir's own list
+        pattern_ir = getattr(rule, "_target_pattern", None)
+        if pattern_ir is not None and not pattern_ir.has_single_output_node:
+            rule = _FirstOpGate(rule, pattern_ir.output_nodes[0].op_identifier())
+        rules.append(rule)
+    return rules
+
+
+class _FirstOpGate:
+    """A multi-output rewrite rule tried only on nodes of its first output op, in graphs with
+    few of them: onnxscript's matcher lists every graph node for each node it is tried on."""
+
+    def __init__(self, rule, op: tuple):
+        self._rule, self._op = rule, op
+        self._counted: dict[int, int] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._rule, name)
+
+    def commute(self):
+        return [_FirstOpGate(r, self._op) for r in self._rule.commute()]
+
+    def graph_pre_visitor(self):
+        """Called before each graph is rewritten: its nodes are counted again."""
+        self._counted.clear()
+        if self._rule.graph_pre_visitor:
+            self._rule.graph_pre_visitor()
+
+    def try_rewrite(self, model, graph_or_function, node, **kw):
+        if node.op_identifier() != self._op:
+            return None
+        key = id(graph_or_function)
+        if key not in self._counted:
+            self._counted[key] = sum(1 for n in graph_or_function if n.op_identifier() == self._op)
+        if self._counted[key] > MAX_SLICES_FOR_SPLIT:
+            return None
+        return self._rule.try_rewrite(model, graph_or_function, node, **kw)
 
 
 def _count_nodes(model: ir.Model) -> int:

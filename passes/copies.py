@@ -46,7 +46,7 @@ from onnxscript.rewriter import pattern
 
 from dmlopt import placement
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
-from dmlopt.shape_inference import infer_shapes
+from dmlopt.shape_inference import infer_shapes, sized_folds
 
 FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
 MS_DOMAIN = "com.microsoft"
@@ -306,7 +306,8 @@ class CopiesPass(DmlPass):
         if not constant:
             return False
         names = {n.name for n in constant}
-        optimizer.fold_constants(model, output_size_limit=1024, input_size_limit=1024)
+        optimizer.fold_constants(model, output_size_limit=1024, input_size_limit=1024,
+                                 should_fold=sized_folds(1024))  # sized before evaluating
         remove_unused_nodes(model)
         left = {n.name for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "If"}
         for node in constant:

@@ -103,6 +103,9 @@ class Fp16Pass(DmlPass):
         Option("fp16_repair_runs", 24, "at most this many validation runs for the fp16 repair", type=int),
     )
 
+    def changes_interface_types(self) -> bool:
+        return not self.option("keep_io_types")
+
     def enabled(self) -> bool:
         return bool(self.option("fp16"))
 

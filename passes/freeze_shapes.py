@@ -28,7 +28,9 @@ Cases:
      fixed wherever it appears; a ``shapes`` entry also fixes the names its dynamic axes
      carry (``image: [batch, ...]`` with batch = 1 fixes ``batch`` everywhere).
   3. Big constants: Expand/Tile/ConstantOfShape/Range results above ``BIG_RESULT``
-     elements stay ops.  Folding runs twice: first only folds that add at most
+     elements stay ops, and so does any result above it that frees less than it adds.
+     Sizes come from the true shapes of the constant inputs before anything is evaluated
+     (``dmlopt.shape_inference.folded_elements``); a result of unknown size stays an op.  Folding runs twice: first only folds that add at most
      ``SMALL_GROWTH`` bytes (a shape constant replacing a node); then folds that add more (a
      Gather of a weight, say) may spend what the first round saved plus 1% of the model, in
      graph order, and stay ops once it is spent.  The saved size (less value_info) is
@@ -56,7 +58,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
 from dmlopt import shape_inference
-from dmlopt.model import initializer_bytes
+from dmlopt.model import initializer_bytes, tensor_bytes
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
 from dmlopt.passes._shared import ReshapeNoOp, is_static, show_shape
 from dmlopt.shapes import check_shapes, free_dimensions, runtime_inputs
@@ -215,21 +217,24 @@ class _FoldGuard:
 
     def __call__(self, node: ir.Node) -> bool | None:
         out = node.outputs[0] if len(node.outputs) == 1 else None
-        count = _static_size(out)
+        counts = shape_inference.folded_elements(node)  # from the inputs' true shapes, before evaluating
         big_maker = node.op_type in BIG_RESULT_OPS and node.domain in ("", "ai.onnx")
-        if count is None:
-            if big_maker:
-                return self._keep(node, "result size unknown: stays an op")
-            return None  # onnxscript's own limits decide
+        if counts is None:
+            return self._keep(node, "result size unknown: stays an op")
+        count = sum(counts)
         if big_maker and count > BIG_RESULT:
             return self._keep(node, f"result of {count} elements stays an op (bound {BIG_RESULT})")
-        growth = count * _itemsize(out) - _freed_bytes(node)
-        if growth <= SMALL_GROWTH:
-            return True if big_maker else None
-        if growth > self.remaining:
+        growth = count * _itemsize(out) - _freed_bytes(node) if out is not None else 0
+        if growth > SMALL_GROWTH and growth > self.remaining:
             return self._keep(node, f"folding would add {growth} bytes of constants, over the 1% budget "
                                     f"({max(int(self.remaining), 0)} bytes left)", grows=True)
-        self.remaining -= max(growth, 0)
+        reason = shape_inference.fold_refusal(node, BIG_RESULT, counts=counts)
+        if reason is not None:
+            return self._keep(node, f"{reason}: stays an op")
+        if out is None:
+            return None  # several outputs: onnxscript's own rules
+        if growth > SMALL_GROWTH:
+            self.remaining -= growth
         return True if big_maker else None
 
 
@@ -239,7 +244,7 @@ def _freed_bytes(node: ir.Node) -> int:
     for value in node.inputs:
         if value is not None and value.const_value is not None and len(value.uses()) == 1 \
                 and not value.is_graph_output():
-            freed += value.const_value.nbytes
+            freed += tensor_bytes(value.const_value)
     return freed
 
 
@@ -568,12 +573,6 @@ def _graph_values(graph: ir.Graph):
     yield from graph.inputs
     for node in graph:
         yield from node.outputs
-
-
-def _static_size(value: ir.Value | None) -> int | None:
-    if not is_static(value):
-        return None
-    return int(np.prod(value.shape.dims, dtype=np.int64))
 
 
 def _itemsize(value: ir.Value) -> int:
