@@ -375,9 +375,7 @@ def _ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Mod
             for out, array in zip(node.outputs, values):
                 const = ir.Value(name=out.name, shape=ir.Shape(array.shape), type=ir.TensorType(out.dtype or
                                  ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array))
-                ir.convenience.replace_all_uses_with(out, const)
-                if out in work.graph.outputs:
-                    work.graph.outputs[work.graph.outputs.index(out)] = const
+                ir.convenience.replace_all_uses_with(out, const, replace_graph_outputs=True)
                 work.graph.register_initializer(const)
             work.graph.remove(node, safe=True)
             changed += 1

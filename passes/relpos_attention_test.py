@@ -149,7 +149,7 @@ def test_keep_leaves_the_model_alone():
 @pytest.mark.parametrize("choice", ["fold", "fold-pad-v"])
 def test_sam_encoder_has_no_attention_bias_and_validates(choice):
     path = importlib.resources.files("dmlopt.data") / "sam_small.onnx"
-    result = dmlopt.optimize(str(path), target="cuda", retime=False, relpos_bias=choice)
+    result = dmlopt.optimize(str(path), target="cuda", retime=False, attention="fuse", relpos_bias=choice)
     assert result.passed
     nodes = mha(result.model)
     assert len(nodes) == 3  # 2 windowed blocks, 1 global

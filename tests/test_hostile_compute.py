@@ -149,9 +149,14 @@ def _lying_constant_of_shape(tmp_path) -> pathlib.Path:
 
 
 def _peak_mb(args: list[str]) -> tuple[int, float, str]:
-    """Run `dmlopt ARGS` in a child; (exit code, peak resident MB of the child, stderr)."""
-    code = ("import resource, sys\nfrom dmlopt.cli import main\nrc = main(sys.argv[1:])\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr)\nsys.exit(rc)\n")
+    """Run `dmlopt ARGS` in a child; (exit code, peak resident MB of the child, stderr).
+
+    The peak is VmHWM, which exec resets: ru_maxrss of a child keeps the peak of the process it
+    was forked from (pytest, which other tests grow to gigabytes)."""
+    code = ("import re, resource, sys\nfrom dmlopt.cli import main\nrc = main(sys.argv[1:])\n"
+            "try:\n    kb = int(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1))\n"
+            "except (OSError, AttributeError):\n    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "print(kb // 1024, file=sys.stderr)\nsys.exit(rc)\n")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
     *rest, peak = proc.stderr.strip().splitlines()
     return proc.returncode, float(peak), "\n".join(rest)

@@ -367,3 +367,18 @@ def test_inspect_api_and_cli_report_placement():
     placed = json.loads(out.stdout)["placement"]
     assert placed["memcpy"]["count"] == info["placement"]["memcpy"]["count"]
     assert len(placed["cpu_nodes"]) == len(info["placement"]["cpu_nodes"])
+
+
+def test_a_graph_output_that_ort_folds_is_predicted_folded():
+    """ORT folds a constant node that is itself a graph output; the fold replaces the output
+    (the model's other output keeps its node on the GPU)."""
+    m = model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] c, float[2] y) {
+            a = Constant <value = float[2] {1.0, 2.0}> ()
+            c = Add (a, a)
+            y = Mul (x, c)
+        }""")
+    p = placement.predict(m)
+    assert p.folded_nodes >= 1
+    assert cpu_ops(p) == [] and p.dml_nodes == 1
