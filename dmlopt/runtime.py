@@ -107,19 +107,17 @@ def shared_weights_source(model: ir.Model) -> Iterator[tuple[str, list[tuple[str
     empty placeholder file, so a read of it (which sharing never does) would fail, not see zeros.
     """
     rt = ort()
-    _, large = split_initializers(model)
-    shared = [v for v in large if v.const_value is not None and v.const_value.dtype in SHAREABLE_TYPES
-              and v.const_value.nbytes > 0]
+    shared = shareable_weights(model)
     chosen = set(shared)
-    proto = proto_with(model, initializers=[v for v in model.graph.initializers.values() if v not in chosen])
-    weights = []
-    for value in shared:
-        tensor = value.const_value
-        array = np.ascontiguousarray(tensor.numpy())
-        proto.graph.initializer.append(_placeholder(value.name, tensor, array.nbytes))
-        weights.append((value.name, rt.OrtValue.ortvalue_from_numpy(array)))
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="dmlopt-ort-"))
     try:
+        proto = proto_with(model, initializers=[v for v in model.graph.initializers.values() if v not in chosen])
+        weights = []
+        for value in shared:
+            tensor = value.const_value
+            array = np.ascontiguousarray(tensor.numpy())
+            proto.graph.initializer.append(_placeholder(value.name, tensor, array.nbytes))
+            weights.append((value.name, rt.OrtValue.ortvalue_from_numpy(array)))
         (tmp / PLACEHOLDER_FILE).touch()
         path = tmp / "model.onnx"
         with open(path, "wb") as f:
@@ -127,6 +125,22 @@ def shared_weights_source(model: ir.Model) -> Iterator[tuple[str, list[tuple[str
         yield str(path), weights
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def shareable_weights(model: ir.Model) -> list[ir.Value] | None:
+    """The main-graph weights ORT can take by reference: the large ones and any in external data
+    (the temporary model file cannot point at the user's data file).  None when a tensor left in
+    the model would still be external (a subgraph's, a graph input's default, an odd type)."""
+    small, large = split_initializers(model)
+    candidates = [*large, *(v for v in small if isinstance(v.const_value, ir.ExternalTensor))]
+    shared = [v for v in candidates if v.const_value is not None and v.const_value.dtype in SHAREABLE_TYPES
+              and v.const_value.nbytes > 0]
+    chosen = set(shared)
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if value not in chosen and isinstance(value.const_value, ir.ExternalTensor):
+                return None
+    return shared
 
 
 def _placeholder(name: str, tensor: ir.TensorProtocol, nbytes: int) -> onnx.TensorProto:
@@ -151,7 +165,8 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
     """An InferenceSession of `model` on `target`.  `optimize=False` turns ORT's rewrites off,
     which validation uses so that the graph itself is compared, not ORT's version of it.
     `share_weights` (CPU EP, `optimize=False` only): ORT runs on the model's own weight arrays
-    instead of copies (`shared_weights_source`); prepacking is off, as it would copy them again."""
+    instead of copies (`shared_weights_source`), where it can; prepacking is then off, as it
+    would copy them again."""
     rt = ort()
     so = rt.SessionOptions()
     so.graph_optimization_level = (rt.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
@@ -173,9 +188,9 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
     providers = [provider_entry(target, provider_options)]
     if target != "cpu":
         providers.append("CPUExecutionProvider")
-    if share_weights:
-        if target != "cpu" or optimize:
-            raise ValueError("share_weights is for CPU sessions without ORT's rewrites")
+    if share_weights and (target != "cpu" or optimize):
+        raise ValueError("share_weights is for CPU sessions without ORT's rewrites")
+    if share_weights and shareable_weights(model) is not None:
         so.add_session_config_entry("session.disable_prepacking", "1")
         with shared_weights_source(model) as (src, weights):
             for name, value in weights:
