@@ -23,6 +23,8 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from dmlopt.errors import InputError, OutputError, printable
+from dmlopt.proto_stream import save_inline
+from dmlopt.shape_inference import split_initializers, weightless_proto
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto, ir.Model]
 
@@ -132,7 +134,7 @@ def check_input(model: ir.Model, where: str = "input model") -> None:
     unknown opsets become one InputError line instead of a failure deep inside a pass."""
     with _serde_warnings() as held:  # a value without a type: the checker's line says it
         try:
-            proto = without_external_data(ir.to_proto(model))
+            proto = without_external_data(_checkable_proto(model))
             onnx.checker.check_model(proto)
         except Exception as e:  # noqa: BLE001
             raise InputError(f"{where} is not a valid ONNX model: {_short(_innermost(e))}") from e
@@ -144,6 +146,19 @@ def check_input(model: ir.Model, where: str = "input model") -> None:
         if known is not None and opset.version > known:
             raise InputError(f"{where} uses opset {opset.version} of {opset.domain or 'ai.onnx'}, newer than the "
                              f"installed onnx {onnx.__version__} knows (up to {known}): its ops cannot be checked")
+
+
+def _checkable_proto(model: ir.Model) -> onnx.ModelProto:
+    """The model for the checker without a copy of all its weights at once: each large weight is
+    checked on its own, then stands in the graph as a typed input (from IR 4, where an
+    initializer need not be an input; before it, the whole model is serialized as it was)."""
+    if model.ir_version is not None and model.ir_version < 4:
+        return ir.to_proto(model)
+    _, large = split_initializers(model)
+    for value in large:
+        if value.const_value is not None and not isinstance(value.const_value, ir.ExternalTensor):
+            onnx.checker.check_tensor(ir.serde.serialize_tensor(value.const_value))
+    return weightless_proto(model)
 
 
 @functools.lru_cache(maxsize=1)
@@ -458,6 +473,8 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
             ir.save(model, tmp / dest.name, external_data=data_name)
             os.replace(tmp / data_name, parent / data_name)
             data_moved = True
+        elif dest.suffix.lower() == ".onnx":
+            save_inline(model, tmp / dest.name)  # ir.save's bytes, one weight serialized at a time
         else:
             ir.save(model, tmp / dest.name)
         os.replace(tmp / dest.name, dest)

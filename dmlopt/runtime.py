@@ -17,10 +17,11 @@ import tempfile
 from typing import Any, Iterator, Mapping
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from dmlopt.errors import InputError, ProviderError
-from dmlopt.shape_inference import check_function_expansion
+from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
 
 PROVIDERS = {
     "dml": "DmlExecutionProvider",
@@ -87,6 +88,70 @@ def model_source(model: ir.Model) -> Iterator[str | bytes]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# Types whose tensor's numpy() array holds exactly the bytes ORT reads (no packed 4-bit types, no
+# ml_dtypes stand-ins): only these weights are handed to ORT by reference.
+SHAREABLE_TYPES = frozenset({
+    ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BOOL,
+    ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64,
+    ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64,
+})
+PLACEHOLDER_FILE = "shared-by-reference.bin"
+
+
+@contextlib.contextmanager
+def shared_weights_source(model: ir.Model) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+    """A model file for ORT that holds no large weight, and the weights as OrtValues to share.
+
+    Why: serializing for ORT copied every weight twice (proto, then bytes) and ORT made its own
+    copy; a weight given with ``SessionOptions.add_initializer`` is used in place instead.  Such
+    an initializer must still be declared in the model: it is written as external data in an
+    empty placeholder file, so a read of it (which sharing never does) would fail, not see zeros.
+    """
+    rt = ort()
+    shared = shareable_weights(model)
+    chosen = set(shared)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="dmlopt-ort-"))
+    try:
+        proto = proto_with(model, initializers=[v for v in model.graph.initializers.values() if v not in chosen])
+        weights = []
+        for value in shared:
+            tensor = value.const_value
+            array = np.ascontiguousarray(tensor.numpy())
+            proto.graph.initializer.append(_placeholder(value.name, tensor, array.nbytes))
+            weights.append((value.name, rt.OrtValue.ortvalue_from_numpy(array)))
+        (tmp / PLACEHOLDER_FILE).touch()
+        path = tmp / "model.onnx"
+        with open(path, "wb") as f:
+            f.write(proto.SerializeToString())
+        yield str(path), weights
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def shareable_weights(model: ir.Model) -> list[ir.Value] | None:
+    """The main-graph weights ORT can take by reference: the large ones and any in external data
+    (the temporary model file cannot point at the user's data file).  None when a tensor left in
+    the model would still be external (a subgraph's, a graph input's default, an odd type)."""
+    small, large = split_initializers(model)
+    candidates = [*large, *(v for v in small if isinstance(v.const_value, ir.ExternalTensor))]
+    shared = [v for v in candidates if v.const_value is not None and v.const_value.dtype in SHAREABLE_TYPES
+              and v.const_value.nbytes > 0]
+    chosen = set(shared)
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if value not in chosen and isinstance(value.const_value, ir.ExternalTensor):
+                return None
+    return shared
+
+
+def _placeholder(name: str, tensor: ir.TensorProtocol, nbytes: int) -> onnx.TensorProto:
+    t = onnx.TensorProto(name=name, data_type=tensor.dtype.value, dims=list(tensor.shape.numpy()),
+                         data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", PLACEHOLDER_FILE), ("offset", "0"), ("length", str(nbytes))):
+        t.external_data.add(key=key, value=value)
+    return t
+
+
 def _has_external(model: ir.Model) -> bool:
     for graph in model.graphs():
         for v in graph.initializers.values():
@@ -97,10 +162,14 @@ def _has_external(model: ir.Model) -> bool:
 
 def session(model: ir.Model, target: str = "cpu", *, provider_options=None, optimize: bool = True,
             session_config: Mapping[str, str] | None = None, free_dims: Mapping[str, int] | None = None,
-            profile_dir: str | None = None, log_severity: int | None = None, level: str | None = None):
+            profile_dir: str | None = None, log_severity: int | None = None, level: str | None = None,
+            share_weights: bool = False):
     """An InferenceSession of `model` on `target`.  `optimize=False` turns ORT's rewrites off,
     which validation uses so that the graph itself is compared, not ORT's version of it;
-    `level` names a GraphOptimizationLevel instead (calibration keeps node names with ORT_ENABLE_BASIC)."""
+    `level` names a GraphOptimizationLevel instead (calibration keeps node names with ORT_ENABLE_BASIC).
+    `share_weights` (CPU EP, `optimize=False` only): ORT runs on the model's own weight arrays
+    instead of copies (`shared_weights_source`), where it can; prepacking is then off, as it
+    would copy them again."""
     check_function_expansion(model)  # ORT inlines every call when it loads the model
     rt = ort()
     so = rt.SessionOptions()
@@ -124,11 +193,25 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
     providers = [provider_entry(target, provider_options)]
     if target != "cpu":
         providers.append("CPUExecutionProvider")
+    if share_weights and (target != "cpu" or optimize):
+        raise ValueError("share_weights is for CPU sessions without ORT's rewrites")
+    if share_weights and shareable_weights(model) is not None:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+        with shared_weights_source(model) as (src, weights):
+            for name, value in weights:
+                so.add_initializer(name, value)
+            sess = _create(rt, src, so, providers)
+        sess.dmlopt_shared_weights = weights  # ORT reads these buffers while the session lives
+        return sess
     with model_source(model) as src:
-        try:
-            return rt.InferenceSession(src, sess_options=so, providers=providers)
-        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-            raise InputError(f"ONNX Runtime cannot load the model: {_first_line(e)}") from e
+        return _create(rt, src, so, providers)
+
+
+def _create(rt, src, so, providers):
+    try:
+        return rt.InferenceSession(src, sess_options=so, providers=providers)
+    except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+        raise InputError(f"ONNX Runtime cannot load the model: {_first_line(e)}") from e
 
 
 NUMPY_TYPES = {

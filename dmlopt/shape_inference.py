@@ -92,13 +92,26 @@ def weightless_proto(model: ir.Model) -> onnx.ModelProto:
 
     Every inference goes through here: functions that would expand without bound are refused first."""
     check_function_expansion(model)
+    small, large = split_initializers(model)
+    return proto_with(model, initializers=small, extra_inputs=[_declaration(v) for v in large])
+
+
+def split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The main graph's initializers as (small ones, large ones that are not also graph inputs)."""
     graph = model.graph
     small = [v for v in graph.initializers.values()
              if v.const_value is not None and tensor_bytes(v.const_value) <= SMALL_TENSOR_BYTES]
     kept = set(small)
     declared = set(graph.inputs)
-    large = [_declaration(v) for v in graph.initializers.values() if v not in kept and v not in declared]
-    view = ir.GraphView([*graph.inputs, *large], graph.outputs, nodes=graph, initializers=small,
+    large = [v for v in graph.initializers.values() if v not in kept and v not in declared]
+    return small, large
+
+
+def proto_with(model: ir.Model, *, initializers: list[ir.Value], extra_inputs: list[ir.Value] = ()) -> onnx.ModelProto:
+    """`model` as a ModelProto whose main graph keeps only `initializers` (and gains `extra_inputs`):
+    the other weights are never copied into it."""
+    graph = model.graph
+    view = ir.GraphView([*graph.inputs, *extra_inputs], graph.outputs, nodes=graph, initializers=initializers,
                         doc_string=graph.doc_string, opset_imports=graph.opset_imports, name=graph.name)
     shell = ir.Model(ir.Graph([], [], nodes=[], opset_imports=dict(graph.opset_imports), name=graph.name),
                      ir_version=model.ir_version, producer_name=model.producer_name,

@@ -143,14 +143,16 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
 def run(model, feeds: Mapping[str, np.ndarray], target: str = "cpu") -> dict[str, np.ndarray]:
     if target == "cpu" and isinstance(model, ir.Model) and _has_float16(model.graph):
         model = with_float16_rounding(model)
-    sess = runtime.session(model, target, optimize=False)
+    sess = runtime.session(model, target, optimize=False, share_weights=target == "cpu")
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name: i.type for i in sess.get_inputs()}
     try:
         values = sess.run(names, {k: as_input_type(v, wanted[k]) for k, v in feeds.items() if k in wanted})
     except Exception as e:  # noqa: BLE001
         raise InputError(f"ONNX Runtime failed to run the model: {runtime._first_line(e)}") from e
-    return dict(zip(names, values))
+    # Copies: an output array may keep the session's memory arena (all its activations) alive,
+    # and validation holds the reference outputs while the candidate runs.
+    return {name: np.array(value, copy=True) for name, value in zip(names, values)}
 
 
 HALF, FULL = ir.DataType.FLOAT16, ir.DataType.FLOAT

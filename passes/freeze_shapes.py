@@ -600,7 +600,12 @@ def _model_bytes(model: ir.Model) -> int:
     weights = initializer_bytes(model)
     if weights > SERIALIZE_LIMIT:
         return weights
-    proto = ir.to_proto(model)
+    # The large main-graph weights count by their bytes, not serialized: a copy of each of them
+    # for a size was the largest use of memory of an optimize run.
+    _, large = shape_inference.split_initializers(model)
+    streamed = set(large)
+    proto = shape_inference.proto_with(model, initializers=[v for v in model.graph.initializers.values()
+                                                            if v not in streamed])
     graphs = [proto.graph]
     while graphs:
         graph = graphs.pop()
@@ -608,4 +613,4 @@ def _model_bytes(model: ir.Model) -> int:
         for node in graph.node:
             for attr in node.attribute:
                 graphs += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-    return proto.ByteSize()
+    return proto.ByteSize() + sum(v.const_value.nbytes for v in large if v.const_value is not None)

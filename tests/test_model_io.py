@@ -105,10 +105,13 @@ def test_save_refuses_unwritable_folder(tmp_path, model_path):
 def test_save_failure_leaves_no_partial_file(tmp_path, model_path, monkeypatch):
     model = dmlopt.load(model_path)
 
-    def boom(*args, **kwargs):
+    def boom(model, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"partial")  # the disk filled up part way through
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ir, "save", boom)
+    monkeypatch.setattr(dmlopt.model, "save_inline", boom)  # the writer of single-file .onnx outputs
     with pytest.raises(OutputError, match="No space left"):
         dmlopt.save(model, tmp_path / "out.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]

@@ -1,0 +1,114 @@
+"""Memory and time of `dmlopt optimize` on a SAM ViT-B encoder, against onnxscript's optimizer.
+
+    python benchmarks/memory.py                     # SAM ViT-B, 1024 px, random weights (as exported)
+    python benchmarks/memory.py --img-size 256      # ViT-B's weights at 256 px (quicker export, same weights)
+
+The encoder is Meta's ImageEncoderViT with ViT-B's sizes and seeded random weights, exported
+with the TorchScript exporter (models/sam_encoder.py).  Each row runs in a fresh subprocess:
+load, optimize, save.  Peak memory is that process's peak RSS (``getrusage``, imports included);
+time is from the call to the end of the save (imports excluded).  Rows:
+  - `dmlopt optimize` (default target dml, validation on ORT's CPU EP),
+  - `dmlopt optimize --no-validate`,
+  - ``onnx.load`` + ``onnxscript.optimizer.optimize`` + ``onnx.save`` (the baseline).
+Ratios: peak RSS to the model file's bytes, time to the onnxscript row of the same run.
+Validation runs the original and the rewritten encoder on ORT: at 1024 px the activations
+of the attention blocks (12 x 4096 x 4096 floats each) are part of that peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import json
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ROWS = {
+    "dmlopt optimize": ["--no-time"],
+    "dmlopt optimize --no-validate": ["--no-time", "--no-validate"],
+    "onnxscript optimizer": None,
+}
+
+
+def worker(row: str, source: str, dest: str) -> dict:
+    """Run one row in this (fresh) process; its time and this process's peak RSS."""
+    if ROWS[row] is None:
+        import onnx
+        import onnxscript
+
+        t0 = time.perf_counter()
+        proto = onnxscript.optimizer.optimize(onnx.load(source))
+        onnx.save(proto, dest)
+    else:
+        from dmlopt import cli
+
+        t0 = time.perf_counter()
+        code = cli.main(["optimize", source, "-o", dest, "-q", *ROWS[row]])
+        if code != 0:
+            raise SystemExit(f"dmlopt optimize exited {code}")
+    seconds = time.perf_counter() - t0
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+    return {"seconds": seconds, "peak_bytes": peak_kb * 1024}
+
+
+def export(folder: pathlib.Path, img_size: int) -> pathlib.Path:
+    from models import sam_encoder
+
+    b = sam_encoder.VARIANTS["vit_b"]
+    return sam_encoder.export_small(folder / f"sam_vit_b_{img_size}.onnx", img_size=img_size,
+                                    patch_size=b.patch_size, embed_dim=b.embed_dim, depth=b.depth,
+                                    num_heads=b.num_heads, window_size=b.window_size,
+                                    global_attn_indexes=b.global_attn_indexes, out_chans=b.out_chans)
+
+
+def run_row(row: str, source: pathlib.Path, dest: pathlib.Path) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--worker", row, str(source), str(dest)],
+                          capture_output=True, text=True, cwd=ROOT)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"{row} failed: {tail}")
+    return json.loads(line[len("RESULT "):])
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        print("RESULT " + json.dumps(worker(*argv[1:4])))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--img-size", type=int, default=1024, help="image size of the encoder (default 1024)")
+    parser.add_argument("--model", help="an existing .onnx to measure instead of exporting one")
+    args = parser.parse_args(argv)
+
+    from dmlopt.validate import format_table
+
+    with tempfile.TemporaryDirectory(prefix="dmlopt_memory_bench.") as tmp:
+        folder = pathlib.Path(tmp)
+        t0 = time.perf_counter()
+        source = pathlib.Path(args.model) if args.model else export(folder, args.img_size)
+        exported = time.perf_counter() - t0
+        size = source.stat().st_size
+        results = {row: run_row(row, source, folder / f"out{i}.onnx") for i, row in enumerate(ROWS)}
+    base = results["onnxscript optimizer"]["seconds"]
+    rows = [("run", "seconds", "x onnxscript time", "peak RSS MB", "x model bytes")]
+    for row, r in results.items():
+        rows.append((row, f"{r['seconds']:.2f}", f"{r['seconds'] / base:.2f}", f"{r['peak_bytes'] / 1e6:.0f}",
+                     f"{r['peak_bytes'] / size:.2f}"))
+
+    print(f"model: {source.name if args.model else f'SAM ViT-B {args.img_size} px, random weights'}, "
+          f"{size / 1e6:.1f} MB ({'given' if args.model else f'exported in {exported:.0f} s'}); "
+          f"{os.cpu_count()} CPUs")
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
