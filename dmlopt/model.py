@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 
 from dmlopt.errors import InputError, OutputError, printable
 from dmlopt.proto_stream import save_inline
-from dmlopt.shape_inference import split_initializers, weightless_proto
+from dmlopt.shape_inference import split_initializers, tensor_bytes, weightless_proto
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto, ir.Model]
 
@@ -410,14 +410,6 @@ def _all_initializer_tensors(model: ir.Model):
         for value in graph.initializers.values():
             if value.const_value is not None:
                 yield value.const_value
-
-
-def tensor_bytes(tensor: ir.TensorProtocol) -> int:
-    """Bytes of a tensor's data; for string tensors (no fixed item size), the bytes of its strings."""
-    try:
-        return tensor.nbytes
-    except TypeError:
-        return sum(len(s) for s in tensor.numpy().ravel())
 
 
 def initializer_bytes(model: ir.Model) -> int:

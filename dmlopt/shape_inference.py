@@ -28,7 +28,6 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt.errors import InputError
-from dmlopt.model import tensor_bytes
 
 SMALL_TENSOR_BYTES = 4096  # initializers up to this size keep their data in the proto
 # More nodes than any exported model has once its functions are inlined; beyond it, refused.
@@ -37,6 +36,14 @@ MAX_INLINED_NODES = 1_000_000
 # (shape, repeats, pads, Range's scalars decide an output's size).
 SHAPE_DATA_ELEMENTS = 64
 logger = logging.getLogger(__name__)
+
+
+def tensor_bytes(tensor: ir.TensorProtocol) -> int:
+    """Bytes of a tensor's data; for string tensors (no fixed item size), the bytes of its strings."""
+    try:
+        return tensor.nbytes
+    except TypeError:
+        return sum(len(s) for s in tensor.numpy().ravel())
 
 
 def check_function_expansion(model: ir.Model, limit: int = MAX_INLINED_NODES) -> int:
