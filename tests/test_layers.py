@@ -1,4 +1,5 @@
-"""dmlopt's modules import only downwards, without cycles, and only at module top.
+"""dmlopt's modules import only downwards, without cycles, and only at module top; passes share
+helpers through passes/_base, _shared and _layout, never by importing another pass.
 
 Each module gets its layer from LAYERS (a module missing from it fails the test, so a new
 module must be placed).  An import of a module in a higher layer, a cycle (within a layer
@@ -131,12 +132,24 @@ def test_no_dmlopt_import_inside_a_function():
     assert function_imports(import_graph()) == []
 
 
+def sibling_pass_imports(graph: nx.DiGraph) -> list[str]:
+    """A pass importing another pass's module: shared helpers belong in passes/_base, _shared, _layout."""
+    def is_pass(module: str) -> bool:
+        return module.startswith("dmlopt.passes.") and not module.rpartition(".")[2].startswith("_")
+    return [f"{a} imports {b}" for a, b in graph.edges if a.startswith("dmlopt.passes.") and is_pass(b)]
+
+
+def test_passes_import_no_sibling_pass():
+    assert sibling_pass_imports(import_graph()) == []
+
+
 # The checks must be able to fail: each is shown a module with the fault added to its real source.
 @pytest.mark.parametrize("module, line, check", [
     ("dmlopt.bench", "from dmlopt import placement\n", upward_imports),
     ("dmlopt.report", "from dmlopt.pipeline import optimize\n", upward_imports),
     ("dmlopt.runtime", "from dmlopt import validate\n", cycles),  # validate imports runtime
     ("dmlopt.validate", "def later():\n    from dmlopt import shapes\n", function_imports),
+    ("dmlopt.passes.prelu", "from dmlopt.passes.leaky_relu import LeakyReluPass\n", sibling_pass_imports),
 ])
 def test_checks_catch_a_fault(module, line, check):
     source = MODULES[module].read_text(encoding="utf-8") + "\n" + line
