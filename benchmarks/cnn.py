@@ -25,8 +25,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import dmlopt  # noqa: E402
 from dmlopt import bench, runtime  # noqa: E402
-from dmlopt.pipeline import op_counts  # noqa: E402
-from dmlopt.validate import format_table  # noqa: E402
+from dmlopt.graph_check import op_counts  # noqa: E402
+from dmlopt.tables import format_table  # noqa: E402
 from models.cnn import build_cnn, build_cnn_relu  # noqa: E402
 
 ORIGINAL, TWIN = "original (LeakyRelu)", "Relu twin"

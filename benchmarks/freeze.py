@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     tools = [t for t in TOOLS if available(t)]
     missing = [t for t in TOOLS if t not in tools]
 
-    from dmlopt.validate import format_table
+    from dmlopt.tables import format_table
 
     rows = [("model", "tool", "nodes", "compute", "x dmlopt", "Shape/Size", "dyn values", "optimize s", "x dmlopt",
              "peak MB", "file KB", "x input", "session ms", "x dmlopt", "cpu ms", "x dmlopt", "numerics")]

@@ -28,9 +28,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dmlopt  # noqa: E402
-from dmlopt import bench, runtime  # noqa: E402
+from dmlopt import bench, emulate, runtime  # noqa: E402
 from dmlopt.demo import bundled_path  # noqa: E402
-from dmlopt.validate import format_table  # noqa: E402
+from dmlopt.tables import format_table  # noqa: E402
 
 PREDICT_ORT = "1.14"
 # label, bundled file, dmlopt.optimize keywords (besides target="dml")
@@ -104,8 +104,8 @@ def emulated_rows(cases, runs: int, warmup: int, say) -> list[tuple]:
             continue
         say(f"timing {label} as emulated DirectML {PREDICT_ORT}")
         dims = options.get("dims")
-        b = bench.time_emulated(original, f"dml-{PREDICT_ORT}", runs=runs, warmup=warmup, dims=dims, gpu_target="cuda")
-        a = bench.time_emulated(result.model, f"dml-{PREDICT_ORT}", runs=runs, warmup=warmup, dims=dims,
+        b = emulate.time_emulated(original, f"dml-{PREDICT_ORT}", runs=runs, warmup=warmup, dims=dims, gpu_target="cuda")
+        a = emulate.time_emulated(result.model, f"dml-{PREDICT_ORT}", runs=runs, warmup=warmup, dims=dims,
                                 gpu_target="cuda")
         before_ms, after_ms = b["latency_ms"]["median"], a["latency_ms"]["median"]
         rows.append((label, f"emulated DML {PREDICT_ORT} on CUDA", "-", pair(b["predicted_cpu_nodes"],

@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 import dmlopt  # noqa: E402
 from dmlopt import bench, runtime  # noqa: E402
-from dmlopt.validate import format_table  # noqa: E402
+from dmlopt.tables import format_table  # noqa: E402
 
 EXPORT = "export fp32"
 

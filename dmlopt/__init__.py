@@ -10,13 +10,12 @@ Python API (usable from an export script)::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from dmlopt.errors import CheckFailed, DmlOptError, InputError, OutputError, UsageError
 from dmlopt.inspection import inspect
 from dmlopt.model import load, save
 from dmlopt.pipeline import Result, optimize
 from dmlopt.validate import validate
+from dmlopt.version import __version__
 
 __all__ = [
     "CheckFailed",

@@ -35,7 +35,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -43,6 +43,8 @@ import onnx_ir as ir
 from dmlopt import runtime
 from dmlopt.errors import InputError, ProviderError, UsageError
 from dmlopt.progress import bar_for
+from dmlopt.tables import format_table
+from dmlopt.validate import as_input_type, make_inputs
 
 # Provider options dmlopt knows, with their allowed values (None: any value).  Other keys
 # are passed to ORT as they are.  Keys starting with "session." are session config entries.
@@ -175,8 +177,6 @@ class Timer:
                 f"failed to load; providers present: {', '.join(runtime.available_providers())})")
         if feeds is None:
             feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims or free_dims), seed)
-        from dmlopt.validate import as_input_type
-
         wanted = {i.name: i.type for i in self.session.get_inputs()}
         self.feeds = {k: as_input_type(v, wanted[k]) for k, v in feeds.items() if k in wanted}
         self.outputs = [o.name for o in self.session.get_outputs()]
@@ -341,8 +341,6 @@ def profile_summary(events: Sequence[Mapping[str, Any]], *, slowest: int = SLOWE
 
 def profile_table(profile: Mapping[str, Any] | None, provider: str, *, top_ops: int = 15) -> str:
     """Kernel time per op type and the slowest nodes, as text (`bench --profile`)."""
-    from dmlopt.validate import format_table
-
     if not profile or "op_time_ms" not in profile:
         return "profile: none taken (--profile needs --warmup >= 1)"
     total = profile["kernel_ms"] or 1e-12
@@ -400,7 +398,7 @@ def alternate(timers: Mapping[str, Timer], *, runs: int, warmup: int, baseline: 
 def time_model(model: ir.Model, target: str = "cpu", *, runs: int = 20, warmup: int = 3, progress=None,
                **kw) -> dict[str, Any]:
     """One model: ``{provider, load_s, latency_ms {min, median, p90, runs}, copies, ...}``."""
-    _check_counts(runs, warmup)
+    check_counts(runs, warmup)
     timer = Timer(model, target, profile=warmup > 0, **kw)
     with bar_for(progress, f"timing on {timer.provider}", warmup + runs) as bar:
         _warm({"model": timer}, warmup, bar)
@@ -416,7 +414,7 @@ def time_model(model: ir.Model, target: str = "cpu", *, runs: int = 20, warmup: 
 def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 20, warmup: int = 3,
             baseline: str | None = None, progress=None, label: str | None = None, **kw) -> dict[str, Any]:
     """Time several models in alternation; ratios are each model's time over the baseline's, per round."""
-    _check_counts(runs, warmup)
+    check_counts(runs, warmup)
     timers = {name: Timer(m, target, profile=warmup > 0, **kw) for name, m in models.items()}
     return alternate(timers, runs=runs, warmup=warmup, baseline=baseline, progress=progress,
                      label=label or f"timing {len(timers)} models on {runtime.PROVIDERS[target]}")
@@ -447,7 +445,7 @@ def option_label(options: Mapping[str, Any], keys: Sequence[str] | None = None) 
 def tune_ep(model: ir.Model, target: str, *, runs: int = 20, warmup: int = 3, provider_options=None,
             progress=None, **kw) -> dict[str, Any]:
     """Time the model under every provider-option combination of TUNE_GRID, in alternation."""
-    _check_counts(runs, warmup)
+    check_counts(runs, warmup)
     fixed = dict(provider_options or {})
     combos = tune_grid(target, fixed)
     varied = [k for k in (combos[0] if combos else {}) if k not in fixed]
@@ -473,66 +471,9 @@ def tune_ep(model: ir.Model, target: str, *, runs: int = 20, warmup: int = 3, pr
     return result
 
 
-def _check_counts(runs: int, warmup: int) -> None:
+def check_counts(runs: int, warmup: int) -> None:
     if runs < 1 or warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
-
-
-# -- emulated DirectML ------------------------------------------------------------------
-
-def time_emulated(model: ir.Model, emulate: str, *, runs: int = 20, warmup: int = 3, shapes=None, dims=None,
-                  gpu_target: str | None = None, seed: int = 0, progress=None) -> dict[str, Any]:
-    """Time `model` as DirectML of an ORT version would place it (``dml-1.14``): the nodes the
-    placement model puts on the CPU run on the CPU EP, the rest on a GPU provider here."""
-    ort_version = parse_emulate(emulate)
-    _check_counts(runs, warmup)
-    from dmlopt import emulate as emulate_mod
-    from dmlopt import placement
-
-    gpu_target = gpu_target or ("cuda" if runtime.has_target("cuda") else "cpu")
-    predicted = placement.predict(model, ort_version=ort_version)
-    t0 = time.perf_counter()
-    session = emulate_mod.EmulatedSession(model, predicted, gpu_target)
-    load_s = time.perf_counter() - t0
-    feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims), seed)
-    run = _emulated_runner(session, feeds)
-    with bar_for(progress, f"timing emulated DirectML {ort_version}", warmup + runs) as bar:
-        for _ in range(warmup):
-            run()
-            bar.advance()
-        times = []
-        for _ in range(runs):
-            times.append(run())
-            bar.advance()
-    return {"provider": f"emulated-dml-{predicted.ort_version} (GPU parts on {runtime.PROVIDERS[gpu_target]})",
-            "how": f"nodes the ORT {predicted.ort_version} DirectML placement model puts on the CPU ran on "
-                   f"CPUExecutionProvider, the rest on {runtime.PROVIDERS[gpu_target]}; values crossing between "
-                   f"them were copied" + ("" if gpu_target != "cpu" else
-                                          " (no GPU here: this times the split and its copies, not a GPU)"),
-            "load_s": load_s, "latency_ms": summary(times), "copies": session.copies_per_run,
-            "predicted_copies": predicted.copy_count, "predicted_cpu_nodes": predicted.cpu_count,
-            "parts": session.describe(), "emulate": emulate, "gpu_target": gpu_target, "warmup": warmup}
-
-
-def _emulated_runner(session, feeds) -> Callable[[], float]:
-    def run() -> float:
-        t0 = time.perf_counter()
-        try:
-            session.run(feeds)
-        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-            raise InputError(f"ONNX Runtime failed to run the emulated model while timing it: "
-                             f"{runtime._first_line(e)}") from e
-        return (time.perf_counter() - t0) * 1000.0
-    return run
-
-
-def parse_emulate(text: str) -> str:
-    """``dml-1.14`` -> ``1.14``."""
-    prefix, _, version = text.partition("-")
-    parts = version.split(".")
-    if prefix != "dml" or len(parts) < 2 or not all(p.isdigit() for p in parts):
-        raise UsageError(f"--emulate {text!r}: expected dml-MAJOR.MINOR, e.g. dml-1.14")
-    return version
 
 
 # -- tables ---------------------------------------------------------------------------------
@@ -543,8 +484,6 @@ def _copies(value) -> str:
 
 def to_table(result: dict[str, Any], *, profile: bool = False) -> str:
     """Readable form of `time_model`, `compare` or `tune_ep` output (`profile`: with `profile_table`)."""
-    from dmlopt.validate import format_table
-
     if "models" not in result:
         lat = result["latency_ms"]
         rows = [("provider", "load s", "min ms", "median ms", "p90 ms", "runs", "copies"),
@@ -590,8 +529,6 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
     """Before/after on `target`, in alternation on the same inputs: the report's ``timing``.
 
     ``runs=None`` picks 3-10 pairs so that the timed part takes about RETIME_BUDGET_S."""
-    from dmlopt.validate import make_inputs
-
     feeds = make_inputs(before, after, shapes, dims, inputs)
     timers = {"before": Timer(before, target, feeds=feeds), "after": Timer(after, target, feeds=feeds)}
     if runs is None:

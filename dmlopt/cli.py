@@ -18,10 +18,19 @@ import sys
 import threading
 from typing import Iterator, Sequence
 
-from dmlopt import __version__
+from dmlopt import bench, calibrate, demo, emulate, runtime, session_config
+from dmlopt import report as report_mod
 from dmlopt.errors import DmlOptError, InputError, UsageError, printable
-from dmlopt.model import check_destination, protected_paths
+from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.inspection import inspect, to_table
 from dmlopt.jsontext import json_text
+from dmlopt.model import check_destination, check_input, load, protected_paths, save
+from dmlopt.passes import all_passes
+from dmlopt.pipeline import optimize, pass_options
+from dmlopt.progress import Steps, is_terminal
+from dmlopt.shapes import parse_dim, parse_shape
+from dmlopt.validate import validate
+from dmlopt.version import __version__
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 # Libraries whose log records (onnxscript's "Skipping constant folding ...") would otherwise
@@ -92,8 +101,6 @@ def _shapes(args) -> tuple[dict, dict]:
     shapes, dims = {}, {}
     if not (args.shape or args.dim):
         return shapes, dims
-    from dmlopt.shapes import parse_dim, parse_shape
-
     for text in args.shape or []:
         shapes.update(parse_shape(text))
     for text in args.dim or []:
@@ -103,16 +110,12 @@ def _shapes(args) -> tuple[dict, dict]:
 
 def _progress(args):
     """Step lines and bars on an interactive stderr (dmlopt.progress); None with -q or when piped."""
-    from dmlopt.progress import Steps, is_terminal
-
     if getattr(args, "quiet", False) or not is_terminal(sys.stderr):
         return None
     return Steps(sys.stderr)
 
 
 def build_parser() -> Parser:
-    from dmlopt.pipeline import pass_options
-
     parser = Parser(prog="dmlopt", description="Prepare exported ONNX models for fast DirectML deployment.")
     parser.add_argument("--version", action="version", version=f"dmlopt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -243,9 +246,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_optimize(args) -> int:
-    import dmlopt
-    from dmlopt import report as report_mod
-
     output = args.output or args.output_pos
     if not output:
         raise UsageError("no output given: dmlopt optimize MODEL -o OUT")
@@ -261,14 +261,14 @@ def cmd_optimize(args) -> int:
     report_path = {args.report: "the report"} if args.report else {}
     session_path = _session_config_target(args, output, {**written, **report_path})
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
-    result = dmlopt.optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
+    result = optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
                              ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
                              inputs=args.inputs, atol=args.atol, rtol=args.rtol, progress=_progress(args),
                              retime=args.retime, **options)
     rep = result.report
     ok = result.passed
     if ok or args.force:
-        dmlopt.save(result.model, output, protect=tuple(protected))
+        save(result.model, output, protect=tuple(protected))
         rep.written = os.fspath(output)
         rep.forced = not ok
         _write_session_config(rep, output, session_path, written)
@@ -295,8 +295,6 @@ def _add_session_config_args(p: argparse.ArgumentParser) -> None:
 
 def _session_config_target(args, output: str, protected: dict[str, str]) -> str | None:
     """Where the session configuration goes (None with --no-session-config); checked before the work."""
-    from dmlopt import session_config
-
     if not args.session_config:
         return None
     path = session_config.config_path(output)
@@ -306,8 +304,6 @@ def _session_config_target(args, output: str, protected: dict[str, str]) -> str 
 
 def _write_session_config(rep, output: str, path: str | None, protected: dict[str, str]) -> None:
     """Write the recommended session beside the written model; without it the report keeps no snippet."""
-    from dmlopt import session_config
-
     if path is None or not rep.session_config:
         rep.session_config = None
         return
@@ -336,9 +332,6 @@ def _add_calibrate_parser(sub) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from dmlopt import calibrate
-    from dmlopt.model import check_input, load
-
     protected = protected_paths(args.model)
     if args.output:
         check_destination(args.output, protected, label="-o ")
@@ -364,17 +357,12 @@ def _check_report_path(report: str, protected: dict[str, str]) -> None:
 
 
 def cmd_inspect(args) -> int:
-    from dmlopt.inspection import inspect, to_table
-
     info = inspect(args.model, ep=args.ep, ort_version=args.ort_version)
     print(json_text(info) if args.json else to_table(info))
     return EXIT_OK
 
 
 def cmd_validate(args) -> int:
-    from dmlopt.model import check_input, load
-    from dmlopt.validate import validate
-
     shapes, dims = _shapes(args)
     ref, cand = load(args.ref), load(args.cand)
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
@@ -388,10 +376,6 @@ def cmd_validate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from dmlopt import bench, runtime
-    from dmlopt.graph_capture import graph_capture_readiness
-    from dmlopt.model import load
-
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
     if args.emulate and (args.compare or args.tune_ep or args.ep != "auto"):
@@ -406,8 +390,8 @@ def cmd_bench(args) -> int:
     shapes, dims = _shapes(args)
     progress = _progress(args)
     if args.emulate:
-        bench.parse_emulate(args.emulate)
-        out = bench.time_emulated(load(args.model), args.emulate, runs=args.runs, warmup=args.warmup,
+        emulate.parse_emulate(args.emulate)
+        out = emulate.time_emulated(load(args.model), args.emulate, runs=args.runs, warmup=args.warmup,
                                   shapes=shapes, dims=dims, progress=progress)
         print(json_text(out) if args.json else bench.to_table(out))
         return EXIT_OK
@@ -436,8 +420,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_passes(args) -> int:
-    from dmlopt.passes import all_passes
-
     for name, cls in all_passes().items():
         print(f"{name:<16} {cls.summary}")
         for opt in cls.options:
@@ -447,8 +429,6 @@ def cmd_passes(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from dmlopt import demo
-
     return demo.run(output_dir=args.output_dir, runs=args.runs, quiet=args.quiet)
 
 

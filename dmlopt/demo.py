@@ -16,9 +16,11 @@ import pathlib
 import sys
 import time
 
-from dmlopt import bench, runtime
+from dmlopt import bench, placement, runtime
+from dmlopt.inspection import inspect
 from dmlopt.model import load, save
-from dmlopt.validate import format_table
+from dmlopt.pipeline import optimize
+from dmlopt.tables import format_table
 
 BUNDLED = (
     # (label, file, what it shows)
@@ -36,10 +38,6 @@ def bundled_path(filename: str) -> pathlib.Path:
 
 
 def _predicted(model, ort_version: str):
-    try:
-        from dmlopt import placement
-    except ImportError:
-        return None
     p = placement.predict(model, ort_version=ort_version).to_dict()
     return len(p["cpu_nodes"]), p["memcpy"]["count"]
 
@@ -48,8 +46,6 @@ def run(output_dir: str = "dmlopt-demo", runs: int = 10, quiet: bool = False) ->
     """Optimize each bundled model twice: for DirectML (what a user ships; its placement is
     predicted, since DirectML is Windows-only) and for the best provider here, which is timed
     before/after, so the speedup column is a measurement, not a prediction."""
-    import dmlopt
-
     out_dir = pathlib.Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     local = runtime.resolve_ep("auto")
@@ -65,9 +61,9 @@ def run(output_dir: str = "dmlopt-demo", runs: int = 10, quiet: bool = False) ->
             continue
         say(f"dmlopt demo: {label}: {what}")
         original = load(path)
-        dims = {d: 1 for d in dmlopt.inspect(original)["free_dims"]}
-        shipped = dmlopt.optimize(original, dims=dims, target="dml", ort_version=PREDICT_ORT)
-        here = dmlopt.optimize(original, dims=dims, target=local, retime=False)
+        dims = {d: 1 for d in inspect(original)["free_dims"]}
+        shipped = optimize(original, dims=dims, target="dml", ort_version=PREDICT_ORT)
+        here = optimize(original, dims=dims, target=local, retime=False)
         for result, suffix in ((shipped, "dml"), (here, local)):
             if result.passed:
                 save(result.model, out_dir / f"{label}.{suffix}.onnx")

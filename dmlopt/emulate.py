@@ -21,17 +21,20 @@ How the model is cut:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+import time
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from dmlopt import bench, runtime
 from dmlopt import placement as placement_mod
-from dmlopt import runtime
+from dmlopt.errors import InputError, UsageError
+from dmlopt.progress import bar_for
 
-__all__ = ["EmulatedSession", "Part", "split_by_placement"]
+__all__ = ["EmulatedSession", "Part", "parse_emulate", "split_by_placement", "time_emulated"]
 
 
 @dataclasses.dataclass
@@ -227,3 +230,57 @@ class EmulatedSession:
             sess.run_with_iobinding(binding)
             env.update(zip(part.outputs, binding.get_outputs()))
         return [env[name].numpy() for name in self.output_names]
+
+
+# -- timing as emulated DirectML (`dmlopt bench --emulate`) -------------------------------
+
+def time_emulated(model: ir.Model, emulate: str, *, runs: int = 20, warmup: int = 3, shapes=None, dims=None,
+                  gpu_target: str | None = None, seed: int = 0, progress=None) -> dict[str, Any]:
+    """Time `model` as DirectML of an ORT version would place it (``dml-1.14``): the nodes the
+    placement model puts on the CPU run on the CPU EP, the rest on a GPU provider here."""
+    ort_version = parse_emulate(emulate)
+    bench.check_counts(runs, warmup)
+    gpu_target = gpu_target or ("cuda" if runtime.has_target("cuda") else "cpu")
+    predicted = placement_mod.predict(model, ort_version=ort_version)
+    t0 = time.perf_counter()
+    session = EmulatedSession(model, predicted, gpu_target)
+    load_s = time.perf_counter() - t0
+    feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims), seed)
+    run = _emulated_runner(session, feeds)
+    with bar_for(progress, f"timing emulated DirectML {ort_version}", warmup + runs) as bar:
+        for _ in range(warmup):
+            run()
+            bar.advance()
+        times = []
+        for _ in range(runs):
+            times.append(run())
+            bar.advance()
+    return {"provider": f"emulated-dml-{predicted.ort_version} (GPU parts on {runtime.PROVIDERS[gpu_target]})",
+            "how": f"nodes the ORT {predicted.ort_version} DirectML placement model puts on the CPU ran on "
+                   f"CPUExecutionProvider, the rest on {runtime.PROVIDERS[gpu_target]}; values crossing between "
+                   f"them were copied" + ("" if gpu_target != "cpu" else
+                                          " (no GPU here: this times the split and its copies, not a GPU)"),
+            "load_s": load_s, "latency_ms": bench.summary(times), "copies": session.copies_per_run,
+            "predicted_copies": predicted.copy_count, "predicted_cpu_nodes": predicted.cpu_count,
+            "parts": session.describe(), "emulate": emulate, "gpu_target": gpu_target, "warmup": warmup}
+
+
+def _emulated_runner(session, feeds) -> Callable[[], float]:
+    def run() -> float:
+        t0 = time.perf_counter()
+        try:
+            session.run(feeds)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+            raise InputError(f"ONNX Runtime failed to run the emulated model while timing it: "
+                             f"{runtime._first_line(e)}") from e
+        return (time.perf_counter() - t0) * 1000.0
+    return run
+
+
+def parse_emulate(text: str) -> str:
+    """``dml-1.14`` -> ``1.14``."""
+    prefix, _, version = text.partition("-")
+    parts = version.split(".")
+    if prefix != "dml" or len(parts) < 2 or not all(p.isdigit() for p in parts):
+        raise UsageError(f"--emulate {text!r}: expected dml-MAJOR.MINOR, e.g. dml-1.14")
+    return version

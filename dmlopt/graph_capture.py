@@ -235,6 +235,7 @@ def _cuda_kernels() -> dict[tuple[str, str], list[tuple[int, int]]] | None:
     """(domain, op) -> since-version ranges of this onnxruntime build's CUDA kernels; None when the
     build has no CUDA kernels (the CPU wheel)."""
     try:
+        # lazily (start-up speed), and inside the try: a build may lack the registry query
         from onnxruntime.capi import onnxruntime_pybind11_state as capi
 
         defs = capi.get_all_opkernel_def()
@@ -249,7 +250,7 @@ def _cuda_kernels() -> dict[tuple[str, str], list[tuple[int, int]]] | None:
 
 def _ort_build_version() -> str:
     try:
-        import onnxruntime
+        import onnxruntime  # lazily (start-up speed); inside the try: no onnxruntime gives "?"
 
         return ".".join(onnxruntime.__version__.split(".")[:2])
     except Exception:  # noqa: BLE001

@@ -11,9 +11,11 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt.errors import printable_tree
+from dmlopt import placement
 from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.graph_check import describe_values, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
-from dmlopt.report import _io
+from dmlopt.tables import format_table
 
 SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",
              "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Equal", "Where", "Expand", "Reshape"}
@@ -46,8 +48,6 @@ def shape_arithmetic_nodes(model: ir.Model) -> list[ir.Node]:
 
 def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None = None) -> dict[str, Any]:
     """A JSON-ready description of the model (and, with ep='dml', its predicted placement)."""
-    from dmlopt.pipeline import op_counts
-
     m = load(model)
     check_input(m)  # refuse what no runtime can load (cycles, undefined values, unknown opsets)
     counts = op_counts(m)
@@ -70,8 +70,8 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
     free_dims = sorted({d.value for v in m.graph.inputs if v.shape is not None for d in v.shape.dims
                         if not isinstance(d, int) and getattr(d, "value", None)})
     info: dict[str, Any] = {
-        "inputs": _io([v for v in m.graph.inputs if v.name not in m.graph.initializers]),
-        "outputs": _io(m.graph.outputs),
+        "inputs": describe_values([v for v in m.graph.inputs if v.name not in m.graph.initializers]),
+        "outputs": describe_values(m.graph.outputs),
         "free_dims": free_dims,
         "opsets": dict(sorted(m.opset_imports.items())),
         "ir_version": m.ir_version,
@@ -89,8 +89,6 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
     }
     predicted = None
     if ep == "dml":
-        from dmlopt import placement
-
         predicted = placement.predict(m, ort_version=ort_version)
         info["placement"] = predicted.to_dict()
     info["graph_capture"] = graph_capture_readiness(m, "dml", ort_version, placement=predicted).to_dict()
@@ -100,8 +98,6 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
 def to_table(info: dict[str, Any]) -> str:
     """The description for a terminal.  Every name is escaped first (printable_tree): a tensor
     called "x\\n..." or holding terminal control codes must not forge a line or recolour it."""
-    from dmlopt.validate import format_table
-
     info = printable_tree(info)
     lines = []
     for kind in ("inputs", "outputs"):
@@ -127,8 +123,6 @@ def to_table(info: dict[str, Any]) -> str:
     if "graph_capture" in info:
         lines.append(info["graph_capture"]["line"])
     if "placement" in info:
-        from dmlopt import placement
-
         lines.append("")
         lines.append(placement.summary_table(info["placement"]))
     return "\n".join(lines)

@@ -9,13 +9,11 @@ fails, the passes are replayed one at a time to name the one that broke it.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
@@ -24,8 +22,11 @@ from dmlopt import report as report_mod
 from dmlopt import tune as tuning
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.graph_capture import graph_capture_readiness
-from dmlopt.model import ModelLike, check_input, initializer_bytes, load, without_external_data
+from dmlopt.graph_check import PassBroke, check_model, op_counts
+from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.passes import DmlPass, Option, PassContext, all_passes
+from dmlopt.shapes import check_shapes
+from dmlopt.validate import validate as run_validation
 
 TARGETS = ("dml", "cuda", "cpu")
 
@@ -40,14 +41,6 @@ class Result:
     @property
     def passed(self) -> bool:
         return self.report.validation is None or self.report.validation.get("passed", False)
-
-
-def op_counts(model: ir.Model) -> dict[str, int]:
-    """Op type -> count, all graphs included (subgraphs, not functions)."""
-    counts = collections.Counter()
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        counts[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
-    return dict(sorted(counts.items()))
 
 
 def pass_options() -> dict[str, tuple[type[DmlPass], Option]]:
@@ -88,46 +81,6 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return checked
 
 
-def check_model(model: ir.Model, where: str, *, strict: bool = True) -> None:
-    """onnx checker + shape inference; raise if a pass produced an invalid model.
-
-    `strict` makes shape-inference errors fatal (a wrong attribute, a rank mismatch); it is
-    turned off only for inputs whose export already fails strict inference.  The large weights
-    are checked as typed graph inputs: the checker needs their types and shapes, and copying
-    them into a proto after every pass cost seconds a pass on SAM ViT-B."""
-    from dmlopt.shape_inference import weightless_proto
-
-    proto = without_external_data(weightless_proto(model))
-    _mark_ort_onnx_domain_ops(proto)
-    try:
-        onnx.checker.check_model(proto)
-        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=strict)
-    except Exception as e:  # noqa: BLE001
-        raise PassBroke(f"{where} produced an invalid model: {str(e).strip().splitlines()[0][:300]}") from e
-
-
-# ONNX Runtime contrib ops that ORT registers in the ONNX domain (no ONNX schema: the checker would
-# reject them); dmlopt's norm-fusion writes SimplifiedLayerNormalization, which ORT and DirectML run.
-ORT_OPS_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
-
-
-def _mark_ort_onnx_domain_ops(proto: onnx.ModelProto) -> None:
-    """Check ORT's ONNX-domain contrib ops as ops of an extra domain (the checker and shape inference
-    skip what they have no schema for there); `proto` is the check's own copy."""
-    marked = False
-    graphs = [proto.graph]
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            if node.domain in ("", "ai.onnx") and node.op_type in ORT_OPS_IN_ONNX_DOMAIN:
-                node.domain = "dmlopt.ort_onnx_domain"
-                marked = True
-            graphs.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
-            graphs.extend(g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs)
-    if marked:
-        proto.opset_import.append(onnx.helper.make_opsetid("dmlopt.ort_onnx_domain", 1))
-
-
 def _strict_clean(model: ir.Model) -> bool:
     try:
         check_model(model, "input", strict=True)
@@ -162,12 +115,6 @@ def check_interface(before: dict[str, list[tuple[str, str]]], model: ir.Model, p
                                 "(a dmlopt bug; nothing written)")
 
 
-class PassBroke(DmlOptError):
-    """A pass produced a model the checker rejects: a dmlopt bug, reported as such."""
-
-    exit_code = 1
-
-
 def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
              dims: Mapping[str, int] | None = None, passes: Sequence[str] | str | None = None,
              target: str = "dml", ort_version: str | None = None, validate: bool = True,
@@ -192,8 +139,6 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     original = load(model)
     check_input(original)
     if shapes or dims:
-        from dmlopt.shapes import check_shapes
-
         check_shapes(original, shapes, dims)
     checked = check_options(options)
     pass_classes = select_passes(passes)
@@ -227,8 +172,6 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     if validate:
         if progress:
             progress("validate")
-        from dmlopt.validate import validate as run_validation
-
         v = run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
                            atol=atol, rtol=rtol)
         rep.validation = v.to_dict()
@@ -237,8 +180,6 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
-    from dmlopt import bench, runtime
-
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
     if out.passed and (retime or (retime is None and validate and runtime.has_target(target))):
         if progress:
@@ -347,8 +288,6 @@ def _repair_fp16(original, work, start, at, run, only, rep, check, progress) -> 
 
 def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol) -> str | None:
     """Replay the passes one by one, validating after each: the first failure is the culprit."""
-    from dmlopt.validate import validate as run_validation
-
     work = original.clone()
     for cls in pass_classes:
         p = cls(context)

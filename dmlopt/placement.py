@@ -413,7 +413,7 @@ def _fold_node(node: ir.Node, unfolded: list[str]) -> list[np.ndarray] | None:
         return None
     feeds = {name: t.numpy() for name, t in tensors.items()}
     try:
-        from onnx.reference import ReferenceEvaluator
+        from onnx.reference import ReferenceEvaluator  # lazily: only folds that get this far need it
 
         proto = ir.serde.serialize_node(node)
         outputs = ReferenceEvaluator(proto).run(None, feeds)

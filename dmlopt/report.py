@@ -29,25 +29,18 @@ The JSON schema (documented in README.md, key names are stable):
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import onnx_ir as ir
 
-import dmlopt
-from dmlopt.errors import printable_tree
+from dmlopt import html_report
+from dmlopt.errors import UsageError, printable_tree
+from dmlopt.graph_check import describe_values, op_counts
 from dmlopt.jsontext import json_text
-from dmlopt.model import write_text
-from dmlopt.validate import format_table
-
-
-def _io(values) -> list[dict[str, Any]]:
-    out = []
-    for v in values:
-        dims = [d if isinstance(d, int) else (getattr(d, "value", None) or "?")
-                for d in (v.shape.dims if v.shape is not None else ())]
-        out.append({"name": v.name, "dtype": v.dtype.name.lower() if v.dtype is not None else None,
-                    "shape": dims if v.shape is not None else None})
-    return out
+from dmlopt.model import initializer_bytes, write_text
+from dmlopt.tables import format_table
+from dmlopt.version import __version__
 
 
 @dataclasses.dataclass
@@ -71,14 +64,12 @@ class Report:
 
     @classmethod
     def start(cls, model: ir.Model, *, target: str, ort_version: str | None, options: dict[str, Any]) -> "Report":
-        from dmlopt.model import initializer_bytes
-        from dmlopt.pipeline import op_counts
-
         counts = op_counts(model)
         return cls(target=target, ort_version=ort_version, options=dict(options),
                    input={"nodes": sum(counts.values()), "op_counts": counts,
                           "initializer_bytes": initializer_bytes(model),
-                          "inputs": _io(model.graph.inputs), "outputs": _io(model.graph.outputs)})
+                          "inputs": describe_values(model.graph.inputs),
+                          "outputs": describe_values(model.graph.outputs)})
 
     def add_pass(self, p, *, before: dict[str, int], after: dict[str, int], modified: bool, seconds: float,
                  replace: bool = False) -> None:
@@ -108,14 +99,12 @@ class Report:
         self.choices.append({"pass": pass_name, "option": option, "choice": choice, **record})
 
     def finish(self, model: ir.Model, bytes_in: int, bytes_out: int) -> None:
-        from dmlopt.pipeline import op_counts
-
         counts = op_counts(model)
         self.output = {"nodes": sum(counts.values()), "op_counts": counts, "initializer_bytes": bytes_out}
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d = {"dmlopt_version": dmlopt.__version__, **d}
+        d = {"dmlopt_version": __version__, **d}
         return d
 
     def to_json(self) -> str:
@@ -203,16 +192,10 @@ def _validation_table(v: dict[str, Any]) -> str:
 
 def write(rep: Report, path) -> None:
     """Write the report atomically: JSON for a .json path, a self-contained page for .html."""
-    import os
-
-    from dmlopt.errors import UsageError
-
     path = os.fspath(path)
     if path.endswith(".json"):
         text = rep.to_json()
     elif path.endswith(".html"):
-        from dmlopt import html_report
-
         text = html_report.render(rep)
     else:
         raise UsageError(f"--report {path}: the name must end in .json or .html")

@@ -33,7 +33,7 @@ AUTO_ORDER = ("dml", "cuda", "cpu")
 
 
 def ort():
-    import onnxruntime
+    import onnxruntime  # lazily: commands that never run a model start without loading it
 
     return onnxruntime
 

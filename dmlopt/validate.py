@@ -27,6 +27,8 @@ import onnx_ir.passes.common as common_passes
 from dmlopt import runtime
 from dmlopt.errors import InputError, UsageError
 from dmlopt.model import ModelLike, load
+from dmlopt.shapes import check_shapes
+from dmlopt.tables import format_table
 
 # dtype kind/name -> (atol, rtol)
 DEFAULT_TOLERANCES = {
@@ -77,16 +79,6 @@ class Validation:
         return format_table(rows)
 
 
-def format_table(rows: list[tuple]) -> str:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -130,8 +122,6 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
     """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output."""
     ref_model, cand_model = load(ref), load(cand)
     if shapes or dims:
-        from dmlopt.shapes import check_shapes
-
         check_shapes(ref_model, shapes, dims)
     feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed)
     ref_out = run(ref_model, feeds)

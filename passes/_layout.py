@@ -25,9 +25,20 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import SiteRule
+from dmlopt.passes._shared import constant_array
 
 SubDim = tuple[int, int]  # (size, stride)
 LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Split", "Gather")
+# Ops a Transpose moves through (the transpose and window-layout passes):
+UNARY = ("Abs", "Acos", "Asin", "Atan", "Cast", "Ceil", "Celu", "Clip", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor",
+         "Gelu", "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN", "LeakyRelu", "Log", "Mish", "Neg", "Not",
+         "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt",
+         "Tan", "Tanh", "ThresholdedRelu")
+BINARY = ("Add", "And", "Div", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Max", "Min", "Mod",
+          "Mul", "Or", "Pow", "Sub", "Xor")
+SOFTMAX = ("Softmax", "LogSoftmax", "Hardmax")
+REDUCE = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+          "ReduceProd", "ReduceSum", "ReduceSumSquare")
 MAX_CHAIN = 64
 
 
@@ -382,3 +393,44 @@ def _not_reshape_or_transpose_output(value: ir.Value) -> bool:
     node = value.producer()
     return node is None or node.op_type not in ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity",
                                                  "Flatten")
+
+
+# -- permutation helpers (the transpose and window-layout passes) ---------------------------
+
+def inverse(perm: Sequence[int]) -> list[int]:
+    """The permutation that undoes `perm`."""
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def rank_of(value: ir.Value | None) -> int | None:
+    """The rank of `value` if its shape is known, else None."""
+    return len(value.shape) if value is not None and value.shape is not None else None
+
+
+def reduce_axes(node: ir.Node, opset: int) -> list[int] | None:
+    """The constant axes of a reduction (attribute before opset 18/13, input after); None: not constant."""
+    rank = rank_of(node.inputs[0])
+    if rank is None:
+        return None
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = constant_array(node.inputs[1])
+        if axes is None:
+            return None
+        axes = [int(a) for a in axes.reshape(-1)]
+    else:
+        axes = node.attributes.get_ints("axes", None)
+        axes = list(axes) if axes is not None else []
+    if not axes:
+        if node.attributes.get_int("noop_with_empty_axes", 0):
+            return []
+        axes = list(range(rank))
+    return sorted(a % rank for a in axes)
+
+
+def transpose_count(model: ir.Model) -> int:
+    """ONNX-domain Transposes in every graph (subgraphs included, functions not)."""
+    return sum(1 for n in ir.traversal.RecursiveGraphIterator(model.graph)
+               if n.op_type == "Transpose" and n.domain in ("", "ai.onnx"))

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from dmlopt import shape_inference
 from dmlopt.passes._base import SiteRule
+
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16})
+
+
+class Decline(Exception):
+    """A site cannot be rewritten exactly; the message says why (the site's reason in the report)."""
 
 
 def is_static(value: ir.Value | None) -> bool:
@@ -34,3 +42,120 @@ class ReshapeNoOp(SiteRule):
 
     def rewrite(self, op, x, shape, **_):
         return op.Identity(x)
+
+
+def fresh_names(model: ir.Model):
+    """A function returning names not yet used anywhere in `model` (initializer names must be unique)."""
+    used: set[str] = set()
+    for graph in model.graphs():
+        used.update(v.name for v in graph.inputs if v.name)
+        used.update(graph.initializers)
+        for node in graph:
+            used.update(v.name for v in node.outputs if v.name)
+    counter = [0]
+
+    def fresh(base: str) -> str:
+        name = base
+        while name in used:
+            counter[0] += 1
+            name = f"{base}_{counter[0]}"
+        used.add(name)
+        return name
+
+    return fresh
+
+
+def unused_initializers(model: ir.Model) -> set[ir.Value]:
+    return {v for graph in model.graphs() for v in graph.initializers.values()
+            if not v.uses() and not v.is_graph_input() and not v.is_graph_output()}
+
+
+def drop_orphaned_initializers(model: ir.Model, unused_before: set[ir.Value]) -> None:
+    """Remove the initializers a rewrite left unused (the rewriter keeps them: old weights)."""
+    for graph in model.graphs():
+        for name, value in list(graph.initializers.items()):
+            if value not in unused_before and not value.uses() and not value.is_graph_input() \
+                    and not value.is_graph_output():
+                del graph.initializers[name]
+
+
+def all_nodes(model: ir.Model):
+    """Every node: all graphs (subgraphs included), then the model's functions."""
+    yield from ir.traversal.RecursiveGraphIterator(model.graph)
+    for function in model.functions.values():
+        yield from function
+
+
+def regroup(w: np.ndarray, groups: int) -> np.ndarray:
+    """Conv weight [O, I/g, ...] <-> per-input-channel layout [I, O/g, ...] (ConvTranspose's).
+
+    Rows are split into `groups` blocks; in each block the two leading axes swap.  The same
+    function converts either way, and between a ConvTranspose weight and per-output rows.
+    """
+    rows, cols = w.shape[:2]
+    spatial = w.shape[2:]
+    blocks = w.reshape(groups, rows // groups, cols, *spatial).swapaxes(1, 2)
+    return blocks.reshape(groups * cols, rows // groups, *spatial)
+
+
+def unique_name(graph: ir.Graph, name: str) -> str:
+    """`name`, or `name_N` with the smallest N, not yet taken by a value or initializer of `graph`."""
+    taken = {v.name for v in graph_values(graph)} | set(graph.initializers)
+    candidate, n = name, 0
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}_{n}"
+    return candidate
+
+
+def graph_values(graph: ir.Graph):
+    """The graph's inputs and every node output (not its initializers)."""
+    yield from graph.inputs
+    for node in graph:
+        yield from node.outputs
+
+
+def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value of an initializer that is not a graph input (so cannot be fed another), else None."""
+    if value is None or value.const_value is None or value.is_graph_input():
+        return None
+    return value.const_value.numpy()
+
+
+# -- shape inference ----------------------------------------------------------------------
+def infer_static_dims(model: ir.Model) -> int:
+    """onnx shape inference (data propagation on), merged so that static dims win; dims made static."""
+    try:
+        inferred = shape_inference.inferred_values(model)  # no weight is serialized for it
+    except Exception:  # noqa: BLE001 - best effort: the model keeps the shapes it has
+        return 0
+    gained = 0
+    for graph, theirs in inferred.items():
+        for value in graph_values(graph):
+            new = theirs.get(value.name)
+            if new is None:
+                continue
+            if value.dtype is None and new.dtype is not None:
+                value.dtype = new.dtype
+            merged, n = _merge(value.shape, new.shape)
+            if n:
+                value.shape = merged
+                gained += n
+    return gained
+
+
+def _merge(ours: ir.Shape | None, theirs: ir.Shape | None) -> tuple[ir.Shape | None, int]:
+    if theirs is None:
+        return ours, 0
+    if ours is None:
+        return theirs, sum(isinstance(d, int) for d in theirs.dims) or 1
+    if len(ours) != len(theirs):
+        return ours, 0
+    dims, gained = [], 0
+    for a, b in zip(ours.dims, theirs.dims):
+        if not isinstance(a, int) and isinstance(b, int):
+            dims.append(b)
+            gained += 1
+        else:
+            dims.append(a)
+    return ir.Shape(dims), gained

@@ -56,14 +56,11 @@ from onnxscript.rewriter import pattern
 from dmlopt.einsum_support import parse_version
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes, restore
 from dmlopt.passes._layout import CollapseLayoutChain, Cut, NotAView, View, ints, static_shape, trace
+from dmlopt.passes._shared import Decline
 
 MHA_SINCE_DML = (1, 15)
 FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 MAX_PATH = 16
-
-
-class Decline(Exception):
-    """This attention cannot be fused exactly; the message says why."""
 
 
 @dataclasses.dataclass

@@ -47,8 +47,8 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
-from dmlopt.passes.leaky_relu import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, fresh_names, regroup,
-                                      unused_initializers)
+from dmlopt.passes._shared import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, fresh_names, regroup,
+                                   unused_initializers)
 
 # Elementwise activations DirectML fuses into a Conv (dml-facts.md section 4), ONNX domain.
 FUSABLE_ACTIVATIONS = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh", "Elu", "Selu", "Softplus",

@@ -64,6 +64,7 @@ from onnxscript.rewriter import pattern
 
 from dmlopt.einsum_support import GENERIC_SINCE, EquationError, einsum_supported, parse_equation, parse_version
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
+from dmlopt.passes._shared import Decline, constant_array
 
 Dim = Union[int, str, None]  # static size, symbolic name, unknown
 
@@ -82,10 +83,6 @@ LAYOUTS = ("fewest-transposes", "largest-matmul", "by-size")
 # (64 px SAM) ran 3% faster as vector products, 18K-25K (256 px) 6% slower, 300K-400K
 # (ViT-B at 512 px) 42% slower, 0.8M-3M (ViT-B at 1024 px) 47% slower.
 SMALL_CONTRACTION = 1 << 12
-
-
-class Decline(Exception):
-    """This Einsum cannot be lowered exactly; the message says why."""
 
 
 # ** the plan: which labels go where **
@@ -479,12 +476,6 @@ def _dims(value: ir.Value) -> list[Dim] | None:
     return dims
 
 
-def _constant(value: ir.Value) -> np.ndarray | None:
-    if value.const_value is None or value.is_graph_input():
-        return None
-    return value.const_value.numpy()
-
-
 class LowerEinsum(SiteRule):
     """``Einsum(...)`` -> ``Reshape/Transpose/MatMul/ReduceSum`` (cases 1-7 of the module)."""
 
@@ -555,7 +546,7 @@ class LowerEinsum(SiteRule):
         em = Emitter(op, opset, sizes, sources, node.graph, node.name or "einsum")
         operands = []
         for value, lab, drop in zip(node.inputs, labels, dropped):
-            const = _constant(value)
+            const = constant_array(value)
             if const is not None and len(value.uses()) > 1 and const.size > SHARED_FOLD_LIMIT:
                 const = None  # shared and large: a copy would grow the model
             operands.append(em.squeeze(Operand(list(lab), const=const, value=value), drop))

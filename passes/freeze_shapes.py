@@ -60,7 +60,7 @@ from onnxscript.rewriter.rules import common as common_rules
 from dmlopt import shape_inference
 from dmlopt.model import initializer_bytes, tensor_bytes
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
-from dmlopt.passes._shared import ReshapeNoOp, is_static, show_shape
+from dmlopt.passes._shared import ReshapeNoOp, graph_values, infer_static_dims, is_static, show_shape, unique_name
 from dmlopt.shapes import check_shapes, free_dimensions, runtime_inputs
 
 # Expand/Tile/ConstantOfShape/Range results above this many elements stay ops.
@@ -108,7 +108,7 @@ class FreezeShapesPass(DmlPass):
                       "only the declared shapes are kept")
             restore(model, backup)
             self._freeze_declared(model, shapes, values)
-            infer_shapes(model)
+            infer_static_dims(model)
         after = _census(model)
         if not shapes and not dims and after.computing == before.computing:  # case 7, nothing folded
             restore(model, backup)
@@ -130,7 +130,7 @@ class FreezeShapesPass(DmlPass):
                     self._inputs_changed = True
                     self.rewrote(f"input {value.name}", f"{old} -> {show_shape(value.shape)}")
         for graph in model.graphs():
-            for value in _graph_values(graph):
+            for value in graph_values(graph):
                 if value.shape is None:
                     continue
                 dims = [values.get(d.value, d) if isinstance(d, ir.SymbolicDim) else d for d in value.shape.dims]
@@ -145,7 +145,7 @@ class FreezeShapesPass(DmlPass):
         guard = _FoldGuard(self, budget, log)
         split_sizes_as_input = model.opset_imports.get("", 1) >= 13
         for _ in range(MAX_ROUNDS):
-            changed = infer_shapes(model) > 0
+            changed = infer_static_dims(model) > 0
             changed |= bool(optimizer.fold_constants(model, onnx_shape_inference=True, output_size_limit=BIG_RESULT,
                                                      should_fold=guard))
             present = {n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.domain in ("", "ai.onnx")}
@@ -163,7 +163,7 @@ class FreezeShapesPass(DmlPass):
                      remove_unused_nodes,
                      common_passes.NameFixPass()):
             step(model)
-        infer_shapes(model)
+        infer_static_dims(model)
         return guard.refused
 
     # -- report ---------------------------------------------------------------------
@@ -404,7 +404,7 @@ def slices_to_split(owner: DmlPass, model: ir.Model) -> int:
     """
     count = 0
     for graph in model.graphs():
-        for x in list(_graph_values(graph)):
+        for x in list(graph_values(graph)):
             if not is_static(x):
                 continue
             by_axis: dict[int, list] = {}
@@ -426,7 +426,7 @@ def slices_to_split(owner: DmlPass, model: ir.Model) -> int:
                     continue
                 nodes = [n for _, n in parts]
                 sizes = np.array([hi - lo for lo, hi in bounds], dtype=np.int64)
-                sizes_value = ir.Value(name=_unique(graph, f"{x.name}_split_sizes"), const_value=ir.tensor(sizes),
+                sizes_value = ir.Value(name=unique_name(graph, f"{x.name}_split_sizes"), const_value=ir.tensor(sizes),
                                        shape=ir.Shape([len(nodes)]), type=ir.TensorType(ir.DataType.INT64))
                 graph.register_initializer(sizes_value)
                 split = ir.Node("", "Split", [x, sizes_value], attributes=[ir.AttrInt64("axis", axis)],
@@ -438,15 +438,6 @@ def slices_to_split(owner: DmlPass, model: ir.Model) -> int:
                 owner.rewrote(split, f"{len(nodes)} Slices tiling axis {axis} of {x.name} -> one Split")
                 count += 1
     return count
-
-
-def _unique(graph: ir.Graph, name: str) -> str:
-    taken = {v.name for v in _graph_values(graph)} | set(graph.initializers)
-    candidate, n = name, 0
-    while candidate in taken:
-        n += 1
-        candidate = f"{name}_{n}"
-    return candidate
 
 
 def _bounds(start: int, end: int, dim: int) -> tuple[int, int]:
@@ -510,44 +501,6 @@ def _shape_rules(owner: DmlPass, present: set[str]) -> list:
 
 
 # -- shape inference ----------------------------------------------------------------------
-def infer_shapes(model: ir.Model) -> int:
-    """onnx shape inference (data propagation on), merged so that static dims win; dims made static."""
-    try:
-        inferred = shape_inference.inferred_values(model)  # no weight is serialized for it
-    except Exception:  # noqa: BLE001 - best effort: the model keeps the shapes it has
-        return 0
-    gained = 0
-    for graph, theirs in inferred.items():
-        for value in _graph_values(graph):
-            new = theirs.get(value.name)
-            if new is None:
-                continue
-            if value.dtype is None and new.dtype is not None:
-                value.dtype = new.dtype
-            merged, n = _merge(value.shape, new.shape)
-            if n:
-                value.shape = merged
-                gained += n
-    return gained
-
-
-def _merge(ours: ir.Shape | None, theirs: ir.Shape | None) -> tuple[ir.Shape | None, int]:
-    if theirs is None:
-        return ours, 0
-    if ours is None:
-        return theirs, sum(isinstance(d, int) for d in theirs.dims) or 1
-    if len(ours) != len(theirs):
-        return ours, 0
-    dims, gained = [], 0
-    for a, b in zip(ours.dims, theirs.dims):
-        if not isinstance(a, int) and isinstance(b, int):
-            dims.append(b)
-            gained += 1
-        else:
-            dims.append(a)
-    return ir.Shape(dims), gained
-
-
 # -- small helpers ------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Census:
@@ -562,17 +515,11 @@ class _Census:
 
 def _census(model: ir.Model) -> _Census:
     nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
-    dynamic = [v for g in model.graphs() for v in _graph_values(g) if not is_static(v)]
+    dynamic = [v for g in model.graphs() for v in graph_values(g) if not is_static(v)]
     return _Census(len(nodes), sum(n.op_type != "Constant" for n in nodes),
                    sum(n.op_type in ("Shape", "Size") for n in nodes),
                    sum(n.op_type == "If" for n in nodes), {n.name for n in nodes if n.op_type == "If" and n.name},
                    len(dynamic), [f"{v.name} {show_shape(v.shape)}" for v in dynamic[:3]])
-
-
-def _graph_values(graph: ir.Graph):
-    yield from graph.inputs
-    for node in graph:
-        yield from node.outputs
 
 
 def _itemsize(value: ir.Value) -> int:

@@ -67,11 +67,12 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
+from dmlopt.passes._shared import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, fresh_names, regroup,
+                                   unused_initializers)
 from dmlopt.shape_inference import infer_shapes
 
 STRATEGIES = ("keep", "decompose", "relu-split", "conv-split", "channel-fold")
 DEFAULT_ALPHA = 0.01  # the ONNX default of LeakyRelu's alpha
-FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16})
 LINEAR_PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 SPATIAL = ("Conv", "ConvTranspose")  # channels on axis 1
 DENSE = ("Gemm", "MatMul")  # features on the last axis
@@ -85,41 +86,6 @@ def leaky_alpha(node: ir.Node) -> float:
 def scalar(op, value: float, dtype: ir.DataType) -> ir.Value:
     """A scalar Constant of `dtype` (broadcasts against any tensor)."""
     return op.Constant(value=ir.tensor(np.asarray(value, dtype=dtype.numpy())))
-
-
-def fresh_names(model: ir.Model):
-    """A function returning names not yet used anywhere in `model` (initializer names must be unique)."""
-    used: set[str] = set()
-    for graph in model.graphs():
-        used.update(v.name for v in graph.inputs if v.name)
-        used.update(graph.initializers)
-        for node in graph:
-            used.update(v.name for v in node.outputs if v.name)
-    counter = [0]
-
-    def fresh(base: str) -> str:
-        name = base
-        while name in used:
-            counter[0] += 1
-            name = f"{base}_{counter[0]}"
-        used.add(name)
-        return name
-
-    return fresh
-
-
-def unused_initializers(model: ir.Model) -> set[ir.Value]:
-    return {v for graph in model.graphs() for v in graph.initializers.values()
-            if not v.uses() and not v.is_graph_input() and not v.is_graph_output()}
-
-
-def drop_orphaned_initializers(model: ir.Model, unused_before: set[ir.Value]) -> None:
-    """Remove the initializers a rewrite left unused (the rewriter keeps them: old weights)."""
-    for graph in model.graphs():
-        for name, value in list(graph.initializers.items()):
-            if value not in unused_before and not value.uses() and not value.is_graph_input() \
-                    and not value.is_graph_output():
-                del graph.initializers[name]
 
 
 def single_use_reason(value: ir.Value, what: str) -> str | None:
@@ -139,18 +105,6 @@ def relu_linear_cost(a: float) -> int:
 
 
 # -- the weights of linear ops ------------------------------------------------------------------
-
-def regroup(w: np.ndarray, groups: int) -> np.ndarray:
-    """Conv weight [O, I/g, ...] <-> per-input-channel layout [I, O/g, ...] (ConvTranspose's).
-
-    Rows are split into `groups` blocks; in each block the two leading axes swap.  The same
-    function converts either way, and between a ConvTranspose weight and per-output rows.
-    """
-    rows, cols = w.shape[:2]
-    spatial = w.shape[2:]
-    blocks = w.reshape(groups, rows // groups, cols, *spatial).swapaxes(1, 2)
-    return blocks.reshape(groups * cols, rows // groups, *spatial)
-
 
 def _groups(node: ir.Node) -> int:
     return node.attributes.get_int("group", 1) if node.op_type in SPATIAL else 1
@@ -556,8 +510,3 @@ def _unmatched_reason(strategy: str, node: ir.Node) -> str:
     return (f"channel-fold needs a Conv/ConvTranspose producer and a Conv/ConvTranspose consumer (or Gemm/MatMul "
             f"for both) taking it as data input; producer: {made_by}, consumers: {', '.join(consumers)}")
 
-
-def all_nodes(model: ir.Model):
-    yield from ir.traversal.RecursiveGraphIterator(model.graph)
-    for function in model.functions.values():
-        yield from function

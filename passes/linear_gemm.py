@@ -31,8 +31,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes
-from dmlopt.passes._shared import ReshapeNoOp, is_static, show_shape
-from dmlopt.passes.freeze_shapes import infer_shapes
+from dmlopt.passes._shared import ReshapeNoOp, infer_static_dims, is_static, show_shape, unique_name
 
 GEMM_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
@@ -46,7 +45,7 @@ class LinearGemmPass(DmlPass):
     order = 65.0
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        infer_shapes(model)  # static dims where onnx can tell (freeze-shapes leaves them all set)
+        infer_static_dims(model)  # static dims where onnx can tell (freeze-shapes leaves them all set)
         count = 0
         rules = [LinearToGemm.rule(self), LinearToGemm.rule(self, bias_first=True)]
         merges = [common_rules.reshape_reshape_rule, ReshapeNoOp.rule(self)]
@@ -62,7 +61,7 @@ class LinearGemmPass(DmlPass):
             remove_unused_nodes(model)
             common_passes.DeduplicateInitializersPass()(model)  # the Reshape shapes of equal sites
             common_passes.NameFixPass()(model)
-            infer_shapes(model)  # the new Reshape/Gemm values
+            infer_static_dims(model)  # the new Reshape/Gemm values
         return ir.passes.PassResult(model, count > 0)
 
 
@@ -263,7 +262,7 @@ def _rewrite_mlp(graph: ir.Graph, a: ir.Value, rows: int, first, nodes, second, 
 
 
 def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=_unique(graph, name), const_value=ir.tensor(array), shape=ir.Shape(array.shape),
+    value = ir.Value(name=unique_name(graph, name), const_value=ir.tensor(array), shape=ir.Shape(array.shape),
                      type=ir.TensorType(ir.DataType.INT64))
     graph.register_initializer(value)
     return value
@@ -284,11 +283,3 @@ def _const(value: ir.Value | None) -> np.ndarray | None:
     except Exception:  # noqa: BLE001 - external data missing and the like
         return None
 
-
-def _unique(graph: ir.Graph, name: str) -> str:
-    taken = {v.name for node in graph for v in node.outputs} | {v.name for v in graph.inputs} | set(graph.initializers)
-    candidate, n = name, 0
-    while candidate in taken:
-        n += 1
-        candidate = f"{name}_{n}"
-    return candidate

@@ -43,8 +43,7 @@ from onnxscript.rewriter.ort_fusions.skip_normalization import SkipLayerNormFusi
 
 from dmlopt import placement
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
-from dmlopt.passes._shared import show_shape
-from dmlopt.passes.leaky_relu import all_nodes
+from dmlopt.passes._shared import all_nodes, show_shape
 from dmlopt.shape_inference import infer_shapes
 
 MS_DOMAIN = "com.microsoft"

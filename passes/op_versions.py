@@ -34,8 +34,7 @@ import onnx_ir.passes.common as common_passes
 
 from dmlopt import placement
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
-from dmlopt.passes._shared import show_shape
-from dmlopt.passes.leaky_relu import all_nodes
+from dmlopt.passes._shared import all_nodes, show_shape
 
 GRID_SAMPLE_MODES_16 = {"linear": "bilinear", "nearest": "nearest", "cubic": "bicubic"}
 

@@ -21,7 +21,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
-from dmlopt.passes.leaky_relu import FLOAT_TYPES, all_nodes
+from dmlopt.passes._shared import FLOAT_TYPES, all_nodes
 
 
 def broadcast_keeps_shape(x_shape: ir.Shape | None, slope_shape: tuple[int, ...]) -> bool:

@@ -32,14 +32,11 @@ from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._layout import ints, static_shape
+from dmlopt.passes._shared import Decline
 
 ALIGN = 8  # the fused kernels want head sizes that are multiples of 8
 BIAS_INPUT = 5
 FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
-
-
-class Decline(Exception):
-    """This MultiHeadAttention's bias cannot be folded exactly; the message says why."""
 
 
 class NoBias(Exception):

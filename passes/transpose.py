@@ -46,23 +46,14 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets as fused_matmul
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
-from dmlopt.passes._layout import CollapseLayoutChain
+from dmlopt.passes._layout import (BINARY, REDUCE, SOFTMAX, UNARY, CollapseLayoutChain, inverse, rank_of, reduce_axes,
+                                   transpose_count)
+from dmlopt.passes._shared import constant_array
 
 MAX_ROUNDS = 32
 MAX_LOOKAHEAD = 64
 # A Transpose of a constant that other nodes also read is folded (a copy) up to this size.
 SHARED_FOLD_LIMIT = 1 << 16
-
-UNARY = ("Abs", "Acos", "Asin", "Atan", "Cast", "Ceil", "Celu", "Clip", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor",
-         "Gelu", "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN", "LeakyRelu", "Log", "Mish", "Neg", "Not",
-         "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt",
-         "Tan", "Tanh", "ThresholdedRelu")
-BINARY = ("Add", "And", "Div", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Max", "Min", "Mod",
-          "Mul", "Or", "Pow", "Sub", "Xor")
-SOFTMAX = ("Softmax", "LogSoftmax", "Hardmax")
-REDUCE = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
-          "ReduceProd", "ReduceSum", "ReduceSumSquare")
-
 
 # ** permutation helpers **
 
@@ -71,19 +62,8 @@ def perm_of(node: ir.Node) -> list[int] | None:
     perm = node.attributes.get_ints("perm", None)
     if perm is not None:
         return list(perm)
-    rank = _rank(node.inputs[0])
+    rank = rank_of(node.inputs[0])
     return list(reversed(range(rank))) if rank is not None else None
-
-
-def inverse(perm: Sequence[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
-
-
-def _rank(value: ir.Value | None) -> int | None:
-    return len(value.shape) if value is not None and value.shape is not None else None
 
 
 def _is_transpose(value: ir.Value | None) -> ir.Node | None:
@@ -97,12 +77,6 @@ def _single_use(value: ir.Value) -> bool:
     return len(value.uses()) == 1 and not value.is_graph_output()
 
 
-def _constant(value: ir.Value | None) -> np.ndarray | None:
-    if value is None or value.const_value is None or value.is_graph_input():
-        return None
-    return value.const_value.numpy()
-
-
 def _scalar_like(value: ir.Value, rank: int) -> bool:
     """Broadcasts the same against any layout: rank 0, or only static 1s and rank <= rank."""
     if value.shape is None:
@@ -113,26 +87,6 @@ def _scalar_like(value: ir.Value, rank: int) -> bool:
 def _opset(context) -> int:
     """The model's ONNX opset (an If/Loop body usually declares none of its own)."""
     return context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 17))
-
-
-def reduce_axes(node: ir.Node, opset: int) -> list[int] | None:
-    """The constant axes of a reduction (attribute before opset 18/13, input after); None: not constant."""
-    rank = _rank(node.inputs[0])
-    if rank is None:
-        return None
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = _constant(node.inputs[1])
-        if axes is None:
-            return None
-        axes = [int(a) for a in axes.reshape(-1)]
-    else:
-        axes = node.attributes.get_ints("axes", None)
-        axes = list(axes) if axes is not None else []
-    if not axes:
-        if node.attributes.get_int("noop_with_empty_axes", 0):
-            return []
-        axes = list(range(rank))
-    return sorted(a % rank for a in axes)
 
 
 def _axes_in_input(op_type: str, opset: int) -> bool:
@@ -190,7 +144,7 @@ def _adjustable_operand(other: ir.Value | None, rank: int) -> bool:
         return False
     if _scalar_like(other, rank):
         return True
-    const = _constant(other)
+    const = constant_array(other)
     return const is not None and const.ndim <= rank
 
 
@@ -232,7 +186,7 @@ class FoldConstantTranspose(_TransposeRule):
         return op.Transpose(x, _outputs=["out"])
 
     def check(self, context, x, out, **_):
-        const = _constant(x)
+        const = constant_array(x)
         if const is None:
             return self.decline(None, "not a constant")
         if len(x.uses()) > 1 and const.size > SHARED_FOLD_LIMIT:
@@ -242,8 +196,8 @@ class FoldConstantTranspose(_TransposeRule):
 
     def rewrite(self, op, x, out, **_):
         node = out.producer()
-        perm = perm_of(node) or list(reversed(range(_constant(x).ndim)))
-        folded = np.array(np.transpose(_constant(x), perm), order="C")
+        perm = perm_of(node) or list(reversed(range(constant_array(x).ndim)))
+        folded = np.array(np.transpose(constant_array(x), perm), order="C")
         self.accepted(node, f"folded into a {list(folded.shape)} constant")
         return op.initializer(ir.tensor(folded), name=_new_initializer_name(node.graph, x.name))
 
@@ -257,7 +211,7 @@ class SizeOneTransposeToReshape(_TransposeRule):
     def check(self, context, x, out, **_):
         node = out.producer()
         perm = perm_of(node)
-        if perm is None or x.shape is None or out.shape is None or _constant(x) is not None:
+        if perm is None or x.shape is None or out.shape is None or constant_array(x) is not None:
             return self.decline(None, "rank unknown")
         dims = list(x.shape.dims)
         moved = [p for p in perm if dims[p] != 1]
@@ -315,7 +269,7 @@ class MatMul2DTransposedInput(_TransposeRule):
         return op.MatMul(*args, _outputs=["out"])
 
     def check(self, context, a, b, t, **_):
-        if _rank(a) != 2 or _rank(b) != 2 or perm_of(t.producer()) != [1, 0]:
+        if rank_of(a) != 2 or rank_of(b) != 2 or perm_of(t.producer()) != [1, 0]:
             return self.decline(None, "not rank 2")
         return pattern.MatchResult()
 
@@ -332,7 +286,7 @@ class TransposedMatMul2D(_TransposeRule):
         return op.Transpose(op.MatMul(a, b), _outputs=["out"])
 
     def check(self, context, a, b, out, **_):
-        if _rank(a) != 2 or _rank(b) != 2:
+        if rank_of(a) != 2 or rank_of(b) != 2:
             return self.decline(None, "not rank 2")
         return pattern.MatchResult()
 
@@ -350,8 +304,8 @@ class PointwiseConvBetweenTransposes(_TransposeRule):
 
     def check(self, context, x, w, inner, conv, out, **_):
         node = conv.producer()
-        weight = _constant(w)
-        rank = _rank(x)
+        weight = constant_array(w)
+        rank = rank_of(x)
         if weight is None or rank is None or rank < 3 or weight.ndim != rank:
             return self.decline(None, "weight not constant or rank unknown")
         channels_first = [0, rank - 1, *range(1, rank - 1)]
@@ -364,13 +318,13 @@ class PointwiseConvBetweenTransposes(_TransposeRule):
                 or any(v != 1 for v in attrs.get_ints("strides", [1])) or any(attrs.get_ints("pads", [0])) \
                 or attrs.get_string("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             return self.decline(node, "not a 1x1 Conv (stride 1, no padding, one group)")
-        if len(node.inputs) > 2 and node.inputs[2] is not None and _constant(node.inputs[2]) is None:
+        if len(node.inputs) > 2 and node.inputs[2] is not None and constant_array(node.inputs[2]) is None:
             return self.decline(node, "bias not constant")
         return pattern.MatchResult()
 
     def rewrite(self, op, x, w, inner, conv, out, **_):
         node = conv.producer()
-        weight = _constant(w)
+        weight = constant_array(w)
         matrix = np.ascontiguousarray(weight.reshape(weight.shape[0], weight.shape[1]).T)
         self.accepted(node, "1x1 Conv between channels-last Transposes: MatMul on the channels-last tensor")
         y = op.MatMul(x, op.initializer(ir.tensor(matrix), name=_new_initializer_name(node.graph, w.name)))
@@ -461,8 +415,8 @@ class SinkTranspose(_TransposeRule):
 
     def _other_in_x_layout(self, op) -> ir.Value:
         other = self._other
-        if _is_transpose(other) is None and not _scalar_like(other, len(self._perm)) and _constant(other) is not None:
-            const = _constant(other)
+        if _is_transpose(other) is None and not _scalar_like(other, len(self._perm)) and constant_array(other) is not None:
+            const = constant_array(other)
             full = const.reshape((1,) * (len(self._perm) - const.ndim) + const.shape)
             folded = np.array(np.transpose(full, inverse(self._perm)), order="C")
             return op.initializer(ir.tensor(folded), name=_new_initializer_name(self._graph, other.name))
@@ -476,11 +430,6 @@ def _new_initializer_name(graph: ir.Graph, base: str | None) -> str:
         if f"{base}{i}" not in graph.initializers:
             return f"{base}{i}"
     raise AssertionError("unreachable")
-
-
-def transpose_count(model: ir.Model) -> int:
-    return sum(1 for n in ir.traversal.RecursiveGraphIterator(model.graph)
-               if n.op_type == "Transpose" and n.domain in ("", "ai.onnx"))
 
 
 class TransposePass(DmlPass):

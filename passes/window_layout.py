@@ -55,8 +55,8 @@ import onnx_ir.passes.common as common_passes
 import onnxscript.rewriter.rules.common as onnxscript_rules
 
 from dmlopt.passes._base import DmlPass, Option, apply_rules, remove_unused_nodes, restore
-from dmlopt.passes._layout import CollapseLayoutChain, NotAView, View, const_ints, merge_contiguous, static_shape, trace
-from dmlopt.passes.transpose import BINARY, REDUCE, SOFTMAX, UNARY, inverse, reduce_axes, transpose_count
+from dmlopt.passes._layout import (BINARY, REDUCE, SOFTMAX, UNARY, CollapseLayoutChain, NotAView, View, const_ints,
+                                   inverse, merge_contiguous, reduce_axes, static_shape, trace, transpose_count)
 
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 ELEMENTWISE = frozenset(UNARY + BINARY + ("Where", "PRelu", "Gelu", "Clip"))

@@ -10,7 +10,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from dmlopt import bench, progress, runtime
+from dmlopt import bench, emulate, progress, runtime
 from dmlopt.errors import InputError, ProviderError, UsageError
 from tests.conftest import conv_leaky_model
 
@@ -207,7 +207,7 @@ def test_time_emulated_splits_by_predicted_placement():
     path = bundled_path("sam_small_dynamic.onnx")
     if not path.is_file():
         pytest.skip("bundled model not built")
-    out = bench.time_emulated(ir.load(path), "dml-1.14", runs=2, warmup=1, dims={"batch": 1}, gpu_target="cpu")
+    out = emulate.time_emulated(ir.load(path), "dml-1.14", runs=2, warmup=1, dims={"batch": 1}, gpu_target="cpu")
     assert out["provider"] == "emulated-dml-1.14 (GPU parts on CPUExecutionProvider)"
     assert out["predicted_cpu_nodes"] > 0 and out["copies"] == out["predicted_copies"] > 0
     assert "cpu:" in out["parts"] and "gpu:" in out["parts"]
@@ -215,10 +215,10 @@ def test_time_emulated_splits_by_predicted_placement():
 
 
 def test_parse_emulate():
-    assert bench.parse_emulate("dml-1.14") == "1.14"
+    assert emulate.parse_emulate("dml-1.14") == "1.14"
     for bad in ("dml", "cuda-1.14", "dml-latest", "dml-1"):
         with pytest.raises(UsageError, match="dml-MAJOR.MINOR"):
-            bench.parse_emulate(bad)
+            emulate.parse_emulate(bad)
 
 
 # -- the command ---------------------------------------------------------------------------

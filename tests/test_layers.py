@@ -1,0 +1,162 @@
+"""dmlopt's modules import only downwards, without cycles, and only at module top; passes share
+helpers through passes/_base, _shared and _layout, never by importing another pass.
+
+Each module gets its layer from LAYERS (a module missing from it fails the test, so a new
+module must be placed).  An import of a module in a higher layer, a cycle (within a layer
+too) or an import of dmlopt inside a function fails: such an import hides a cycle that the
+module structure should resolve.  The checks read the source with `ast`, nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import networkx as nx
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Lowest first: a module may import its own layer and those below it.
+LAYERS = {
+    "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version"],
+    "IR helpers": ["dmlopt.model", "dmlopt.shapes", "dmlopt.shape_inference", "dmlopt.graph_check"],
+    "ONNX Runtime": ["dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
+    "DirectML model": ["dmlopt.placement", "dmlopt.emulate", "dmlopt.einsum_support", "dmlopt.graph_capture",
+                       "dmlopt.calibrate", "dmlopt.ort_log"],
+    "passes and report": ["dmlopt.passes", "dmlopt.report", "dmlopt.html_report", "dmlopt.inspection",
+                          "dmlopt.session_config"],
+    "engine": ["dmlopt.pipeline", "dmlopt.tune", "dmlopt.fp16_repair"],
+    "face": ["dmlopt", "dmlopt.__main__", "dmlopt.cli", "dmlopt.demo"],
+}
+# Imports of dmlopt inside a function that are allowed, as (module, imported module): none now.
+FUNCTION_IMPORTS_ALLOWED: set[tuple[str, str]] = set()
+
+
+def modules() -> dict[str, pathlib.Path]:
+    """Module name -> file, for dmlopt/ and passes/ (installed as dmlopt.passes); tests left out."""
+    found = {}
+    for folder, package in (("dmlopt", "dmlopt"), ("passes", "dmlopt.passes")):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            if not path.name.endswith("_test.py"):
+                found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return found
+
+
+MODULES = modules()
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of `module`; every module of dmlopt.passes is in the passes layer."""
+    for index, names in enumerate(LAYERS.values()):
+        if module in names or any(module.startswith(n + ".") for n in names if n != "dmlopt"):
+            return index
+    raise KeyError(module)
+
+
+def imports(module: str, path: pathlib.Path, source: str | None = None) -> list[tuple[str, int, bool]]:
+    """(imported dmlopt module, line, inside a function) for each import in `module`'s source."""
+    tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
+    package = module if path.stem == "__init__" else module.rpartition(".")[0]
+    found = []
+
+    def known(name: str) -> str:
+        while name not in MODULES and "." in name:
+            name = name.rpartition(".")[0]
+        return name
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            names = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parts = package.split(".")[:len(package.split(".")) - child.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in child.names]
+            for name in names:
+                if name == "dmlopt" or name.startswith("dmlopt."):
+                    found.append((known(name), child.lineno, in_function))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return [(name, line, inner) for name, line, inner in found if name != module]
+
+
+def import_graph(sources: dict[str, str] | None = None) -> nx.DiGraph:
+    """Module -> imported module, each edge with the lines of its imports."""
+    graph = nx.DiGraph()
+    for module, path in MODULES.items():
+        graph.add_node(module)
+        for name, line, inner in imports(module, path, (sources or {}).get(module)):
+            graph.add_edge(module, name)
+            graph.edges[module, name].setdefault("at", []).append((line, inner))
+    return graph
+
+
+def upward_imports(graph: nx.DiGraph) -> list[str]:
+    return [f"{a} ({list(LAYERS)[layer_of(a)]}) imports {b} ({list(LAYERS)[layer_of(b)]}) at line "
+            f"{graph.edges[a, b]['at'][0][0]}" for a, b in graph.edges if layer_of(b) > layer_of(a)]
+
+
+def function_imports(graph: nx.DiGraph) -> list[str]:
+    return [f"{a} imports {b} inside a function at line {line}" for a, b in graph.edges
+            for line, inner in graph.edges[a, b]["at"] if inner and (a, b) not in FUNCTION_IMPORTS_ALLOWED]
+
+
+def cycles(graph: nx.DiGraph) -> list[str]:
+    return [" -> ".join(c + [c[0]]) for c in nx.simple_cycles(graph)]
+
+
+def test_every_module_has_a_layer():
+    missing = []
+    for module in MODULES:
+        try:
+            layer_of(module)
+        except KeyError:
+            missing.append(module)
+    assert not missing, f"place these modules in LAYERS: {missing}"
+
+
+def test_imports_point_downwards():
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_no_dmlopt_import_inside_a_function():
+    assert function_imports(import_graph()) == []
+
+
+def sibling_pass_imports(graph: nx.DiGraph) -> list[str]:
+    """A pass importing another pass's module: shared helpers belong in passes/_base, _shared, _layout."""
+    def is_pass(module: str) -> bool:
+        return module.startswith("dmlopt.passes.") and not module.rpartition(".")[2].startswith("_")
+    return [f"{a} imports {b}" for a, b in graph.edges if a.startswith("dmlopt.passes.") and is_pass(b)]
+
+
+def test_passes_import_no_sibling_pass():
+    assert sibling_pass_imports(import_graph()) == []
+
+
+# The checks must be able to fail: each is shown a module with the fault added to its real source.
+@pytest.mark.parametrize("module, line, check", [
+    ("dmlopt.bench", "from dmlopt import placement\n", upward_imports),
+    ("dmlopt.report", "from dmlopt.pipeline import optimize\n", upward_imports),
+    ("dmlopt.runtime", "from dmlopt import validate\n", cycles),  # validate imports runtime
+    ("dmlopt.validate", "def later():\n    from dmlopt import shapes\n", function_imports),
+    ("dmlopt.passes.prelu", "from dmlopt.passes.leaky_relu import LeakyReluPass\n", sibling_pass_imports),
+])
+def test_checks_catch_a_fault(module, line, check):
+    source = MODULES[module].read_text(encoding="utf-8") + "\n" + line
+    assert check(import_graph({module: source})), f"{check.__name__} missed: {line!r} in {module}"
+
+
+def test_imports_within_a_layer_are_allowed():
+    source = MODULES["dmlopt.errors"].read_text(encoding="utf-8") + "\nimport dmlopt.progress\n"
+    graph = import_graph({"dmlopt.errors": source})
+    assert graph.has_edge("dmlopt.errors", "dmlopt.progress") and not upward_imports(graph) and not cycles(graph)
