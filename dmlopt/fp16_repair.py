@@ -25,10 +25,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from dmlopt.errors import DmlOptError, UsageError
 from dmlopt.passes import DmlPass
+from dmlopt.shape_inference import infer_shapes
 from dmlopt.validate import Validation, compare, make_inputs, run
 
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -178,7 +178,7 @@ class _Search:
 def range_reasons(model: ir.Model, feeds: Mapping[str, np.ndarray], candidates: set[str]) -> dict[str, dict]:
     """Candidate node name -> why it must stay float32, from the float32 values on `feeds`."""
     probe = model.clone()
-    common_passes.ShapeInferencePass()(probe)  # every value typed, so that it can be a graph output
+    infer_shapes(probe)  # every value typed, so that it can be a graph output (weights not serialized)
     ranges = value_ranges(probe, feeds)
     reasons: dict[str, dict] = {}
 

@@ -75,8 +75,8 @@ def check_function_expansion(model: ir.Model, limit: int = MAX_INLINED_NODES) ->
         if key in sizes:
             return sizes[key]
         if key in active:
-            raise InputError(f"model-local function {key[0]}::{key[1]} calls itself (directly or through "
-                             "others): it cannot be inlined")
+            raise InputError(f"model-local function {key[0]}::{key[1]} is recursive: it calls itself (directly "
+                             "or through others), so it cannot be inlined")
         active.add(key)
         sizes[key] = graph_size(functions[key])
         active.discard(key)
@@ -161,7 +161,9 @@ def infer_shapes(model: ir.Model, *, data_prop: bool = True) -> bool:
     try:
         inferred = inferred_values(model, data_prop=data_prop)
     except Exception as e:  # noqa: BLE001 - best effort, as onnx_ir's ShapeInferencePass
-        logger.warning("shape inference failed, shapes left as they were: %s", e)
+        # The message only: a record holding the exception would keep its frames, and with them
+        # views of memory-mapped weights, alive in any handler that stores records.
+        logger.warning("shape inference failed, shapes left as they were: %s", str(e).strip().splitlines()[0][:300])
         return False
     changed = False
     for graph, theirs in inferred.items():

@@ -22,11 +22,11 @@ from typing import Any, Mapping
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from dmlopt import runtime
 from dmlopt.errors import InputError, UsageError
 from dmlopt.model import ModelLike, load
+from dmlopt.shape_inference import infer_shapes
 from dmlopt.shapes import check_shapes
 from dmlopt.tables import format_table
 
@@ -171,10 +171,7 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
     from float16-rounded inputs and its result is rounded, overflowing to inf, as in float16;
     inputs and outputs keep their float16 type and names."""
     model = model.clone()
-    try:
-        common_passes.ShapeInferencePass()(model)  # every float16 value typed (a saved model keeps no value_info)
-    except Exception:  # noqa: BLE001 - onnx's inference fails on some valid exports: round the typed values
-        pass
+    infer_shapes(model)  # every float16 value typed (a saved model keeps no value_info); best effort
     graph = model.graph
     taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
     taken |= {n.name for n in graph}

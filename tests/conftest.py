@@ -48,3 +48,12 @@ def cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+def one_error_line(err: str) -> str:
+    """The one line a refused command prints: `dmlopt: error: ...`, no traceback, no internal error."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert lines[0].startswith("dmlopt: error: "), err
+    return lines[0]

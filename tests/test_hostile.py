@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
 from dmlopt.errors import InputError
-from tests.conftest import conv_leaky_model
+from tests.conftest import conv_leaky_model, one_error_line
 
 COMMANDS = ("inspect", "optimize", "validate")
 
@@ -228,14 +228,6 @@ def _files(folder: pathlib.Path) -> dict[str, bytes]:
     return {p.name: (p.read_bytes() if p.is_file() else b"<dir>") for p in folder.iterdir()}
 
 
-def _one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    assert lines[0].startswith("dmlopt: error: "), err
-    return lines[0]
-
-
 CASES = [(case, command) for case, (_, _, commands) in HOSTILE.items() for command in commands]
 
 
@@ -247,7 +239,7 @@ def test_hostile_model_is_refused_with_one_line(cli, tmp_path, case, command):
     before = _files(tmp_path)
     r = cli(*argv)
     assert r.code == 2, (case, command, r.code, r.err)
-    line = _one_error_line(r.err)
+    line = one_error_line(r.err)
     assert fragment in line, line
     assert r.out == ""
     assert _files(tmp_path) == before  # nothing written, no temp folder left, the input untouched
@@ -287,7 +279,7 @@ def test_custom_domain_is_described_by_inspect_but_not_optimized(cli, tmp_path):
         before = _files(tmp_path)
         r = cli(*argv)
         assert r.code == 2, r.err
-        assert "com.example:MyOp" in _one_error_line(r.err) and "not a registered function/op" in r.err
+        assert "com.example:MyOp" in one_error_line(r.err) and "not a registered function/op" in r.err
         assert _files(tmp_path) == before
 
 
@@ -300,7 +292,7 @@ def test_huge_declared_dim_is_described_not_validated(cli, tmp_path):
     assert r.code == 0
     assert "1099511627776x1099511627776" in r.out
     r = cli("optimize", path, "-o", tmp_path / "out.onnx")
-    assert r.code == 2 and "--shape" in _one_error_line(r.err)
+    assert r.code == 2 and "--shape" in one_error_line(r.err)
     assert not (tmp_path / "out.onnx").exists()
 
 
@@ -356,7 +348,7 @@ def _check_damaged(cli, folder: pathlib.Path, path: pathlib.Path, good: pathlib.
         assert r.code in (0, 1, 2), (argv, r.code, r.err)
         assert "Traceback" not in r.err and "internal error" not in r.err, r.err
         if r.code == 2:
-            _one_error_line(r.err)
+            one_error_line(r.err)
         if argv[0] == "optimize":
             lines = [line for line in r.err.splitlines() if line.strip()]
             assert len(lines) <= 1, r.err
@@ -410,7 +402,7 @@ def test_hostile_model_through_python_m_dmlopt(tmp_path, case):
     before = _files(tmp_path)
     r = subprocess.run([sys.executable, "-m", "dmlopt", *argv], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert fragment in _one_error_line(r.stderr)
+    assert fragment in one_error_line(r.stderr)
     assert r.stdout == ""
     assert _files(tmp_path) == before
 
@@ -424,7 +416,7 @@ def test_bit_flipped_model_through_python_m_dmlopt(tmp_path):
         r = subprocess.run([sys.executable, "-m", "dmlopt", *map(str, argv)], capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 2, r.stderr
-        assert "ONNX Runtime cannot load the model" in _one_error_line(r.stderr)
+        assert "ONNX Runtime cannot load the model" in one_error_line(r.stderr)
     assert not (tmp_path / "out.onnx").exists()
 
 
@@ -449,4 +441,4 @@ def test_model_ort_loads_but_cannot_run_is_one_line_on_the_real_stderr(tmp_path)
     r = subprocess.run([sys.executable, "-m", "dmlopt", "validate", str(path), str(path)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2
-    assert "Dilation not supported" in _one_error_line(r.stderr)
+    assert "Dilation not supported" in one_error_line(r.stderr)

@@ -27,6 +27,7 @@ from dmlopt.errors import InputError, UsageError
 from dmlopt.passes import DmlPass
 from dmlopt.shape_inference import check_function_expansion
 from dmlopt.validate import compare
+from tests.conftest import one_error_line
 
 # Every option `dmlopt optimize` would otherwise tune, fixed: what runs is the passes alone.
 FIXED = ["--leaky-relu", "keep", "--conv-transpose", "keep", "--einsum", "keep", "--einsum-layout",
@@ -45,14 +46,6 @@ def _save(path: pathlib.Path, nodes, inputs, outputs, initializers=(), functions
     opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("local", 1)] if functions else [])
     onnx.save(helper.make_model(graph, opset_imports=opsets, functions=list(functions)), path)
     return path
-
-
-def _one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("dmlopt: error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 # -- item 4: the interface never changes ---------------------------------------------------
@@ -225,7 +218,7 @@ def test_nested_function_bomb_is_refused_fast(cli, tmp_path, command):
     result = cli(*args)
     assert time.perf_counter() - t0 < 60
     assert result.code == 2
-    assert "expand to more than" in _one_error_line(result.err)
+    assert "expand to more than" in one_error_line(result.err)
     assert not (tmp_path / "out.onnx").exists()
 
 
@@ -324,7 +317,7 @@ def test_random_input_over_the_cap_is_a_clear_error(cli, tmp_path):
                 [_vi("x", [1 << 40], TensorProto.UINT8)], [_vi("y", [1 << 40], TensorProto.UINT8)])
     result = cli("validate", src, src)
     assert result.code == 2
-    assert "--inputs FILE.npz" in _one_error_line(result.err)
+    assert "--inputs FILE.npz" in one_error_line(result.err)
 
 
 def test_large_uint8_input_is_validated_without_float64_copies(tmp_path):
@@ -368,7 +361,7 @@ def test_string_input_is_a_clear_error(cli, tmp_path):
                  ["optimize", src, "-o", tmp_path / "out.onnx", "--no-time", "--target", "cpu", *FIXED]):
         result = cli(*args)
         assert result.code == 2, result.err
-        assert "string tensor" in _one_error_line(result.err)
+        assert "string tensor" in one_error_line(result.err)
 
 
 @pytest.mark.parametrize("flag", [["--dim", "n=99999999999999999999"], ["--shape", "x:99999999999999999999,4"],
@@ -378,7 +371,7 @@ def test_dimension_above_int64_is_a_usage_error(cli, tmp_path, flag):
                 [_vi("y", ["n", 4])])
     result = cli("optimize", src, "-o", tmp_path / "out.onnx", "--no-time", *flag)
     assert result.code == 2
-    assert "2**63-1" in _one_error_line(result.err)
+    assert "2**63-1" in one_error_line(result.err)
     with pytest.raises(UsageError, match="2\\*\\*63-1"):
         dmlopt.optimize(str(src), dims={"n": 2**63}, validate=False, retime=False)
 
@@ -390,4 +383,4 @@ def test_onnx_runtime_failing_while_timing_is_exit_2(cli, tmp_path):
                 [_vi("y", [2, 3])], [shape])
     result = cli("bench", src, "--ep", "cpu")
     assert result.code == 2
-    assert "failed to run the model on CPUExecutionProvider while timing it" in _one_error_line(result.err)
+    assert "failed to run the model on CPUExecutionProvider while timing it" in one_error_line(result.err)

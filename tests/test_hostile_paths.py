@@ -32,7 +32,7 @@ from dmlopt import report as report_mod
 from dmlopt.errors import InputError, OutputError
 from dmlopt.report import Report
 from dmlopt.validate import run
-from tests.conftest import conv_leaky_model
+from tests.conftest import conv_leaky_model, one_error_line
 from tests.test_guarantees import _interrupt_when, _leftovers, big_model  # noqa: F401 - big_model is a fixture
 
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
@@ -81,19 +81,11 @@ def _entries(folder: pathlib.Path) -> dict[str, str]:
     return out
 
 
-def _one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    assert lines[0].startswith("dmlopt: error: "), err
-    return lines[0]
-
-
 def _refused(cli, folder, *argv, fragment: str) -> None:
     before = _entries(folder)
     r = cli(*argv)
     assert r.code == 2, (r.code, r.err)
-    assert fragment in _one_error_line(r.err), r.err
+    assert fragment in one_error_line(r.err), r.err
     assert r.out == ""
     assert _entries(folder) == before
 
@@ -301,7 +293,7 @@ def test_a_nul_byte_in_a_location_is_bad_input(cli, tmp_path, holder):
     path = tmp_path / "m.onnx"
     path.write_bytes(HOLDERS[holder]().SerializeToString().replace(b"w.bin", b"w\x00bin"))
     for argv in (["inspect", path], ["optimize", path, "-o", tmp_path / "out.onnx"]):
-        line = _one_error_line(cli(*argv).err)
+        line = one_error_line(cli(*argv).err)
         assert "holds a NUL byte" in line and "w\\x00bin" in line, line
 
 
@@ -425,7 +417,7 @@ def test_a_name_in_an_error_cannot_forge_a_second_line(cli, tmp_path):
     b = numpy_helper.from_array(np.zeros((2, 3), np.float32), FORGED)
     path = _save(tmp_path, "dup.onnx", _model([helper.make_node("Add", ["x", FORGED], ["y"])], [_vi("x")], [_vi("y")],
                                               [a, b]))
-    line = _one_error_line(cli("inspect", path).err)
+    line = one_error_line(cli("inspect", path).err)
     assert "initializer 'x\\n\\x1b[2Kinput" in line and "\x1b" not in line
 
 
@@ -485,7 +477,7 @@ def test_deeply_nested_graphs_get_a_clear_message(cli, tmp_path):
         path = tmp_path / f"deep{depth}.onnx"
         path.write_bytes(_nested_ifs(depth))
         for argv in (["inspect", path], ["optimize", path, "-o", tmp_path / "out.onnx"]):
-            line = _one_error_line(cli(*argv).err)
+            line = one_error_line(cli(*argv).err)
             assert "graphs nested too deeply" in line and "truncated" not in line, line
 
 
