@@ -84,13 +84,14 @@ def graph_capture_readiness(model: ir.Model, target: str = "dml", ort_version: s
     `placement` reuses a DirectML prediction already made for the same model and version."""
     if target not in PROVIDER_NAMES:
         raise UsageError(f"graph capture applies to DirectML (dml) and CUDA (cuda), not '{target}'")
-    work = placement_mod.prepared_graph(model)
+    prepared = placement_mod.prepare(model)  # once: the prediction below reads the same copy
+    work = prepared[0]
     nodes = [n for n in work.graph if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))]
     labels = {id(n): placement_mod.node_label(n, i) for i, n in enumerate(nodes)}
     blockers: list[dict[str, Any]] = []
     warnings: list[str] = []
     if target == "dml":
-        predicted = placement or placement_mod.predict(model, ort_version=ort_version)
+        predicted = placement or placement_mod.predict(model, ort_version=ort_version, prepared=prepared)
         version, basis = predicted.ort_version, f"DirectML placement predicted by the ORT {predicted.ort_version} table"
         if parse_version(version)[:2] < DML_CAPTURE_SINCE:
             since = ".".join(map(str, DML_CAPTURE_SINCE))

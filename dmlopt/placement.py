@@ -205,13 +205,15 @@ class _Node:
     device: str = "dml"
 
 
-def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = True) -> Placement:
+def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = True,
+            prepared: tuple[ir.Model, int] | None = None) -> Placement:
     """Predict the DirectML EP's placement of `model` under ONNX Runtime `ort_version`.
 
     `fold=False` skips the model of ORT's constant folding (every node reaches the EP).
+    `prepared` is `prepare(model, fold=fold)` when the caller made it already (it is only read).
     """
     data = load_data(ort_version)
-    work, folded_by_ort = _prepare(model, fold)
+    work, folded_by_ort = prepared if prepared is not None else prepare(model, fold)
     unfolded = work.graph.meta.get(UNFOLDED_KEY, [])
     opsets = dict(work.opset_imports)
     cpu_nodes: list[dict[str, Any]] = []
@@ -323,7 +325,8 @@ def _warnings(model: ir.Model, data: DmlData, unfolded: list[str]) -> list[str]:
     return found
 
 
-def _prepare(model: ir.Model, fold: bool) -> tuple[ir.Model, int]:
+def prepare(model: ir.Model, fold: bool = True) -> tuple[ir.Model, int]:
+    """The copy of `model` that `predict` analyses and how many nodes ORT's folding removed."""
     if model.functions:  # ORT inlines model-local functions when it loads the model
         check_function_expansion(model)
         model = model.clone()
@@ -334,7 +337,7 @@ def _prepare(model: ir.Model, fold: bool) -> tuple[ir.Model, int]:
 def prepared_graph(model: ir.Model, *, fold: bool = True) -> ir.Model:
     """The copy of `model` that `predict` analyses (ORT's folding applied, shapes inferred);
     its nodes, Constant nodes left out, carry the names `node_label` gives."""
-    return _prepare(model, fold)[0]
+    return prepare(model, fold)[0]
 
 
 def node_label(node: ir.Node, index: int, prefix: str = "") -> str:
