@@ -16,14 +16,16 @@ DmlOperatorEinSum.cpp):
    trusting it wrongly sends the node to the CPU).
 2. ORT >= 1.19 (PR #21114, "DML EP EinSum make more generic"): any one- or two-input
    equation without ellipsis and with at most 8 distinct labels.
-3. No version given: nothing is assumed supported, so callers lower what they can.
+3. No version given (``einsum_supported(..., None)``): nothing is assumed supported.  The pipeline
+   always passes the resolved version (dmlopt.target: the newest DirectML table when none is asked).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import string
+
+from dmlopt.target import parse_version  # noqa: F401  (re-exported: callers import it from here)
 
 GENERIC_SINCE = (1, 19)
 NHCW_SINCE = (1, 14)
@@ -115,16 +117,6 @@ def _term(term: str, equation: str) -> str:
     if bad:
         raise EquationError(f"{equation!r}: {bad[0]!r} is not a label (labels are letters)")
     return term
-
-
-def parse_version(version: str | None) -> tuple[int, ...] | None:
-    """'1.18.1' -> (1, 18, 1); '1.17.0-dev' -> (1, 17, 0); None -> None."""
-    if version is None:
-        return None
-    numbers = re.findall(r"\d+", str(version).split("-")[0].split("+")[0])
-    if not numbers:
-        raise ValueError(f"cannot read an ONNX Runtime version from {version!r}")
-    return tuple(int(n) for n in numbers[:3])
 
 
 def einsum_supported(equation: str, n_inputs: int, ort_version: str | None) -> bool:

@@ -34,6 +34,7 @@ import onnx_ir as ir
 
 from dmlopt import placement as placement_mod
 from dmlopt.einsum_support import parse_version
+from dmlopt.target import Target
 from dmlopt.errors import UsageError
 
 __all__ = ["Readiness", "graph_capture_readiness", "DML_CAPTURE_SINCE"]
@@ -76,12 +77,15 @@ class Readiness:
                 "blockers": self.blockers, "warnings": self.warnings}
 
 
-def graph_capture_readiness(model: ir.Model, target: str = "dml", ort_version: str | None = None, *,
+def graph_capture_readiness(model: ir.Model, target: Target | str = "dml", ort_version: str | None = None, *,
                             placement: placement_mod.Placement | None = None) -> Readiness:
     """Whether `model` qualifies for graph capture on `target` ('dml' or 'cuda') under ONNX
     Runtime `ort_version` (None: the newest DirectML table / this build for CUDA).
 
+    A resolved `Target` carries its version (its DirectML table; for CUDA the version asked for).
     `placement` reuses a DirectML prediction already made for the same model and version."""
+    if isinstance(target, Target):
+        target, ort_version = target.ep, target.table_version if target.ep == "dml" else target.asked
     if target not in PROVIDER_NAMES:
         raise UsageError(f"graph capture applies to DirectML (dml) and CUDA (cuda), not '{target}'")
     prepared = placement_mod.prepare(model)  # once: the prediction below reads the same copy

@@ -26,10 +26,8 @@ from dmlopt.graph_check import PassBroke, check_model, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.passes import DmlPass, Option, PassContext, all_passes
 from dmlopt.shapes import check_shapes
+from dmlopt.target import Target
 from dmlopt.validate import validate as run_validation
-
-TARGETS = ("dml", "cuda", "cpu")
-
 
 @dataclasses.dataclass
 class Result:
@@ -129,8 +127,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     `retime`: time before/after on the target (report.timing); None (default) does so
     when the target's provider is on this machine, True requires it, False skips it.
     """
-    if target not in TARGETS:
-        raise UsageError(f"unknown target '{target}' (choose from {', '.join(TARGETS)})")
+    resolved = Target.resolve(target, ort_version)  # once: every pass, tuning and the session config read it
     tuning.require_validation(tune, validate)
     if tune or retime:
         tuning.require_target(target)  # before any work: exit 2 naming the providers present
@@ -142,11 +139,12 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         check_shapes(original, shapes, dims)
     checked = check_options(options)
     pass_classes = select_passes(passes)
-    context = PassContext(target=target, ort_version=ort_version,
+    context = PassContext(target=resolved,
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
                           dims=dict(dims or {}), options=checked)
     context.options["tune"] = tune
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options=checked)
+    rep.target_resolved = resolved.describe()
     explicit = passes is not None
     run = PassRunner(pass_classes, context, explicit=explicit, strict=_strict_clean(original))
     # Options left to choose are decided first, each candidate as the whole pipeline's output (dmlopt.tune).
@@ -194,10 +192,10 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
 def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: bool, progress=None) -> None:
     """The report's graph-capture readiness and recommended session configuration for the target;
     with --tune on the target's machine the provider options are measured (bench.tune_ep) first."""
-    target = context.target
+    target = context.target.ep
     readiness = None
     if target in ("dml", "cuda"):
-        readiness = graph_capture_readiness(work, target, context.ort_version)
+        readiness = graph_capture_readiness(work, context.target)
         rep.graph_capture = readiness.to_dict()
     ep_tuning = None
     if tune and target in ("dml", "cuda") and runtime.has_target(target):
@@ -205,7 +203,7 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
             progress(f"time provider options on {target}")
         ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,
                                   free_dims=context.dims)
-    cfg = session_config.recommend(work, target, ort_version=context.ort_version, readiness=readiness,
+    cfg = session_config.recommend(work, context.target, readiness=readiness,
                                    ep_tuning=ep_tuning, dims=context.dims)
     rep.session_config = {"config": cfg, "path": None, "snippet": None}
 

@@ -38,6 +38,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from dmlopt.einsum_support import einsum_supported, parse_version
+from dmlopt.target import available_versions, resolve_version
 from dmlopt.shape_inference import check_function_expansion, fold_refusal, infer_shapes
 
 __all__ = ["Placement", "available_versions", "einsum_supported", "load_data", "predict", "summary_table"]
@@ -54,25 +55,7 @@ FOLD_LIMIT_ELEMENTS = 1 << 22
 
 # ** the data files **
 
-def available_versions() -> list[str]:
-    """ORT versions with a data file, oldest first."""
-    names = [p.name for p in importlib.resources.files("dmlopt.data").iterdir()]
-    found = [n[len("dml_ort_"):-len(".json")] for n in names if n.startswith("dml_ort_") and n.endswith(".json")]
-    return sorted(found, key=parse_version)
-
-
-def resolve_version(ort_version: str | None) -> str:
-    """The data version that describes `ort_version`: the newest file not newer than it.
-
-    None, "newest" or "latest" mean the newest file; a version older than every file gets
-    the oldest one.
-    """
-    versions = available_versions()
-    if ort_version is None or str(ort_version).lower() in ("newest", "latest"):
-        return versions[-1]
-    wanted = parse_version(ort_version)[:2]
-    older = [v for v in versions if parse_version(v)[:2] <= wanted]
-    return older[-1] if older else versions[0]
+# available_versions and resolve_version (the newest table at or below a version) live in dmlopt.target.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The report: what each pass changed or declined, what was measured; JSON and a table.
 
 The JSON schema (documented in README.md, key names are stable):
-  dmlopt_version, target, ort_version, options,
+  dmlopt_version, target, ort_version (as asked; null: the default), target_resolved (the target and
+  the ORT version dmlopt reasoned about, one line), options,
   input  {nodes, op_counts, initializer_bytes, inputs, outputs}
   output {nodes, op_counts, initializer_bytes}
   passes [{name, modified, seconds, nodes_before, nodes_after, op_delta, sites, notes}]
@@ -35,7 +36,7 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt import html_report
-from dmlopt.errors import UsageError, printable_tree
+from dmlopt.errors import UsageError, printable, printable_tree
 from dmlopt.graph_check import describe_values, op_counts
 from dmlopt.jsontext import json_text
 from dmlopt.model import initializer_bytes, write_text
@@ -61,6 +62,7 @@ class Report:
     session_config: dict[str, Any] | None = None
     written: str | None = None
     forced: bool = False
+    target_resolved: str | None = None
 
     @classmethod
     def start(cls, model: ir.Model, *, target: str, ort_version: str | None, options: dict[str, Any]) -> "Report":
@@ -123,6 +125,8 @@ class Report:
             rows.append((p["name"], f"{p['nodes_before']} -> {p['nodes_after']}", delta[:60], rewrote, declined,
                          f"{p['seconds']:.2f}s"))
         parts = [format_table(rows)]
+        if self.target_resolved:
+            parts.insert(0, f"target: {printable(self.target_resolved)}")
         declines = [(p["name"], s) for p in passes for s in p["sites"] if s["action"] == "declined"]
         if declines:
             parts.append("declined:\n" + "\n".join(f"  {name}: {s['node']} ({s['op']}): {s['detail']}"

@@ -28,6 +28,7 @@ from dmlopt.errors import OutputError, printable
 from dmlopt.graph_capture import Readiness
 from dmlopt.jsontext import json_text
 from dmlopt.model import check_destination, write_text
+from dmlopt.target import Target
 
 __all__ = ["FORMAT", "config_path", "cpu_stand_in", "recommend", "snippet", "write"]
 
@@ -44,14 +45,17 @@ def config_path(output: str | os.PathLike) -> str:
     return (root if ext.lower() == ".onnx" else os.fspath(output)) + SUFFIX
 
 
-def recommend(model: ir.Model, target: str, *, ort_version: str | None = None,
+def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None = None,
               readiness: Readiness | None = None, ep_tuning: Mapping[str, Any] | None = None,
               dims: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The session configuration for `model` (already optimized) on `target`, as a JSON-ready dict.
 
     `readiness`: graph_capture_readiness of the model (graph capture is enabled only when ready);
     `ep_tuning`: ``bench.tune_ep`` on the model (measured provider options); `dims`: values for
-    dims left dynamic (default 1, the size dmlopt validates with)."""
+    dims left dynamic (default 1, the size dmlopt validates with).  A resolved `Target` names the
+    version on DirectML; elsewhere the version asked for, else the graph-capture check's."""
+    if isinstance(target, Target):
+        target, ort_version = target.ep, target.ort_version if target.ep == "dml" else target.asked
     if ort_version is None and readiness is not None:
         ort_version = readiness.ort_version
     cfg: dict[str, Any] = {"format": FORMAT, "model": None, "target": target, "ort_version": ort_version,

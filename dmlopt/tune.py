@@ -126,7 +126,7 @@ def resolve(order: Sequence[Step], original: ir.Model, context: PassContext, run
     """Choose every option of `order` (from `steps`): measured where the target is here and validation is on."""
     if not order:
         return Outcome({}, [])
-    target = context.target
+    target = context.target.ep
     if validate_output and runtime.has_target(target):
         return _Tuner(order, original, context, run, dict(check or {}), progress).tune()
     if context.options.get("tune"):
@@ -144,9 +144,9 @@ def _documented_defaults(order: Sequence[Step], context: PassContext, why: str) 
     records = []
     for step in order:
         precision = precision_of(options)
-        value = step.option.default_for(context.target, precision)
+        value = step.option.default_for(context.target.ep, precision)
         options[step.option.name] = value
-        source = step.option.default_provenance(context.target, precision)
+        source = step.option.default_provenance(context.target.ep, precision)
         records.append((step.pass_name, step.option.name, value, {
             "how": f"{why}; {source}", "precision": precision, "default_from": source, "candidates": {}}))
     return Outcome({s.option.name: options[s.option.name] for s in order}, records)
@@ -188,7 +188,7 @@ class _Tuner:
         for step in self.order:  # the precision option comes first, so the others see its value
             name = step.option.name
             options[name] = plan[name] if name in plan else step.option.default_for(
-                self.context.target, precision_of(options))
+                self.context.target.ep, precision_of(options))
         return options
 
     def key(self, options: Mapping[str, Any]) -> tuple:
@@ -343,7 +343,7 @@ class _Tuner:
         return {i for i, cls in enumerate(self.run.passes) if any(o.name == PRECISION_OPTION for o in cls.options)}
 
     def time(self, builds: Mapping[str, _Build], baseline: str, what: str) -> dict[str, Any]:
-        return bench.compare({label: b.model for label, b in builds.items()}, self.context.target, runs=TUNE_RUNS,
+        return bench.compare({label: b.model for label, b in builds.items()}, self.context.target.ep, runs=TUNE_RUNS,
                              warmup=TUNE_WARMUP, baseline=baseline, shapes=self.context.shapes,
                              dims=self.context.dims, progress=self.progress,
                              label=f"tuning {what} ({len(builds)} candidates)")

@@ -17,6 +17,8 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
+from dmlopt.target import DEFAULT_TARGET, Target
+
 
 @dataclasses.dataclass(frozen=True)
 class Option:
@@ -68,13 +70,24 @@ def precision_of(options: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass
 class PassContext:
-    """What a pass may know about the job: the target and the user's settings."""
+    """What a pass may know about the job: the resolved target and the user's settings.
 
-    target: str = "dml"  # dml | cuda | cpu
-    ort_version: str | None = None  # the ONNX Runtime version deployed on the target
+    `target` is a `dmlopt.target.Target`, resolved once by `dmlopt.optimize`.  With no
+    arguments (a pass run alone) it is DEFAULT_TARGET: DirectML on the newest DirectML table.
+    A test may give ``target="cuda", ort_version="1.18"`` instead: they are resolved here.
+    """
+
+    target: Target | str = DEFAULT_TARGET
+    ort_version: dataclasses.InitVar[str | None] = None  # with a str target only
     shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     dims: dict[str, int] = dataclasses.field(default_factory=dict)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self, ort_version: str | None) -> None:
+        if isinstance(self.target, str):
+            self.target = Target.resolve(self.target, ort_version)
+        elif ort_version is not None and ort_version != self.target.asked:
+            raise ValueError("PassContext: ort_version goes with a str target; a Target carries its own")
 
 
 @dataclasses.dataclass
@@ -125,8 +138,8 @@ class DmlPass(ir.passes.InPlacePass):
             return value
         opt = next(o for o in self.options if o.name == name)
         precision = precision_of(self.context.options)
-        value = opt.default_for(self.context.target, precision)
-        self.note(f"{name}=auto without tuning: {opt.default_provenance(self.context.target, precision)}, {value}")
+        value = opt.default_for(self.context.target.ep, precision)
+        self.note(f"{name}=auto without tuning: {opt.default_provenance(self.context.target.ep, precision)}, {value}")
         return value
 
     def enabled(self) -> bool:

@@ -53,7 +53,7 @@ import onnx_ir.passes.common as common_passes
 import onnxscript.rewriter.rules.common as onnxscript_rules
 from onnxscript.rewriter import pattern
 
-from dmlopt.einsum_support import parse_version
+from dmlopt.target import DEFAULT_TARGET
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes, restore
 from dmlopt.passes._layout import CollapseLayoutChain, Cut, NotAView, View, ints, static_shape, trace
 from dmlopt.passes._shared import Decline
@@ -398,7 +398,7 @@ class FuseAttention(SiteRule):
 
     def rewrite(self, op, probs, v, out, **_):
         plan = self._plan
-        target = self.owner.context.target if self.owner else "cpu"
+        target = (self.owner.context.target if self.owner else DEFAULT_TARGET).ep
         q3 = plan.q.cut.emit(op, plan.q.base)
         k3 = plan.k.cut.emit(op, plan.k.base)
         v3 = plan.v.cut.emit(op, plan.v.base)
@@ -451,9 +451,9 @@ class AttentionPass(DmlPass):
             return ir.passes.PassResult(model, False)
         if not any(n.op_type == "Softmax" for n in ir.traversal.RecursiveGraphIterator(model.graph)):
             return ir.passes.PassResult(model, False)
-        version = parse_version(self.context.ort_version)
-        if self.context.target == "dml" and version is not None and version < MHA_SINCE_DML:
-            self.note(f"DirectML registers MultiHeadAttention from ORT 1.15; target is {self.context.ort_version}: "
+        target = self.context.target
+        if target.ep == "dml" and target.older_than(MHA_SINCE_DML):
+            self.note(f"DirectML registers MultiHeadAttention from ORT 1.15; target is {target.ort_version}: "
                       "attention kept")
             return ir.passes.PassResult(model, False)
         common_passes.ShapeInferencePass(strict_mode=False)(model)

@@ -250,12 +250,12 @@ class CopiesPass(DmlPass):
     )
 
     def enabled(self) -> bool:
-        return self.context.target == "dml"
+        return self.context.target.ep == "dml"
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        data = placement.load_data(self.context.ort_version)
+        data = placement.load_data(self.context.target.table_version)
         report = self.option("copies_report") == "on"
-        before = placement.predict(model, ort_version=self.context.ort_version) if report else None
+        before = placement.predict(model, ort_version=self.context.target.table_version) if report else None
         infer_shapes(model)  # the rules check element types (no weight is serialized for it)
         modified = self._fold_constant_ifs(model)
         modified |= self._drop_layer_norm_outputs(model)
@@ -271,7 +271,7 @@ class CopiesPass(DmlPass):
             common_passes.IdentityEliminationPass()(model)
             remove_unused_nodes(model)  # keeps Loop(M, "")'s empty input
         if report:
-            after = placement.predict(model, ort_version=self.context.ort_version)
+            after = placement.predict(model, ort_version=self.context.target.table_version)
             self.note(f"DirectML placement (ORT {data.version} model): " + _counts(before) + " -> " + _counts(after))
             self._report_left(model, after)
         return ir.passes.PassResult(model, modified)

@@ -62,9 +62,10 @@ import onnx_ir.passes.common as common_passes
 
 from onnxscript.rewriter import pattern
 
-from dmlopt.einsum_support import GENERIC_SINCE, EquationError, einsum_supported, parse_equation, parse_version
+from dmlopt.einsum_support import GENERIC_SINCE, EquationError, einsum_supported, parse_equation
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._shared import Decline, constant_array
+from dmlopt.target import DEFAULT_TARGET
 
 Dim = Union[int, str, None]  # static size, symbolic name, unknown
 
@@ -490,10 +491,10 @@ class LowerEinsum(SiteRule):
         node = out.producer()
         equation = node.attributes.get_string("equation", "")
         owner = self.owner
-        target = owner.context.target if owner else "cpu"
-        ort_version = owner.context.ort_version if owner else None
+        resolved = owner.context.target if owner else DEFAULT_TARGET
+        target, ort_version = resolved.ep, resolved.ort_version
         inputs = list(node.inputs)
-        if target == "dml" and ort_version is not None and _older_than_generic(ort_version) \
+        if target == "dml" and resolved.older_than(GENERIC_SINCE) \
                 and einsum_supported(equation, len(inputs), ort_version):
             if owner:
                 owner.kept(node, f"{equation!r} is in DirectML's Einsum table for ORT {ort_version}")
@@ -584,10 +585,6 @@ def _runs_it(target: str, equation: str, n_inputs: int, ort_version: str | None)
     if target != "dml":
         return True
     return einsum_supported(equation, n_inputs, ort_version)
-
-
-def _older_than_generic(ort_version: str) -> bool:
-    return parse_version(ort_version) < GENERIC_SINCE
 
 
 class EinsumPass(DmlPass):

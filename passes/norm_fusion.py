@@ -45,6 +45,7 @@ from dmlopt import placement
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._shared import all_nodes, show_shape
 from dmlopt.shape_inference import infer_shapes
+from dmlopt.target import DEFAULT_TARGET
 
 MS_DOMAIN = "com.microsoft"
 # DirectML and CUDA kernels are float32/float16 (the tables' Float16to32; CUDA adds bfloat16).
@@ -79,7 +80,7 @@ class _NormSite(SiteRule):
         self.inner, self.mode, self.data = inner, mode, data
 
     def target_reason(self, dtype: ir.DataType | None, ort_would_fuse: bool = True) -> str | None:
-        target = self.owner.context.target if self.owner is not None else "dml"
+        target = (self.owner.context.target if self.owner is not None else DEFAULT_TARGET).ep
         if self.mode == "auto" and ort_would_fuse and target in ORT_FUSES_AT_LOAD[self.op_name]:
             return (f"kept: ORT fuses it into {self.op_name} itself when it loads the model for the {target} EP "
                     "(--norm-fusion fuse writes it into the model)")
@@ -289,7 +290,7 @@ class NormFusionPass(DmlPass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         mode = self.option("norm_fusion")
-        if mode == "keep" or self.context.target == "cpu" and mode == "auto":
+        if mode == "keep" or self.context.target.ep == "cpu" and mode == "auto":
             return ir.passes.PassResult(model, False)
         candidates = [n for n in all_nodes(model) if n.op_type in ("LayerNormalization", "ReduceMean")]
         if not candidates:
@@ -297,7 +298,7 @@ class NormFusionPass(DmlPass):
         if any(not n.name for n in all_nodes(model)):
             common_passes.NameFixPass()(model)  # the site log is by node name
         infer_shapes(model)  # the checks need static shapes
-        data = placement.load_data(self.context.ort_version) if self.context.target == "dml" else None
+        data = placement.load_data(self.context.target.table_version) if self.context.target.ep == "dml" else None
         rules = [RmsNormToSimplifiedLayerNorm.rule(self, f"RmsNorm{k}", order, mode, data)
                  for k, order in enumerate((False, True))]
         rules += [AddLayerNormToSkipLayerNorm.rule(self, name, has_bias, pre, mode, data)
@@ -312,6 +313,6 @@ class NormFusionPass(DmlPass):
         if count:
             remove_unused_nodes(model)  # the Reshape back of an unused sum
             _empty_unused_outputs(model)
-            if self.context.target == "dml" or any(n.domain == MS_DOMAIN for n in all_nodes(model)):
+            if self.context.target.ep == "dml" or any(n.domain == MS_DOMAIN for n in all_nodes(model)):
                 model.opset_imports.setdefault(MS_DOMAIN, 1)
         return ir.passes.PassResult(model, count > 0)

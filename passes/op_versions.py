@@ -218,13 +218,13 @@ class OpVersionsPass(DmlPass):
     order = 12.0
 
     def enabled(self) -> bool:
-        return self.context.target == "dml"
+        return self.context.target.ep == "dml"
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         opset = _onnx_opset(model)
         if opset is None:
             return ir.passes.PassResult(model, False)
-        data = placement.load_data(self.context.ort_version)
+        data = placement.load_data(self.context.target.table_version)
         targets = [n for n in all_nodes(model) if n.domain in ("", "ai.onnx")
                    and n.op_type in ("GroupNormalization", "GridSample")]
         if not targets:

@@ -19,7 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Lowest first: a module may import its own layer and those below it.
 LAYERS = {
-    "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version"],
+    "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
+               "dmlopt.target"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
                    "dmlopt.graph_check"],
     "ONNX Runtime": ["dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
