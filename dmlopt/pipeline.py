@@ -24,10 +24,17 @@ from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.graph_check import PassBroke, check_model, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
-from dmlopt.passes import DmlPass, Option, PassContext, all_passes
+from dmlopt.passes import DmlPass, EngineSettings, Option, PassContext, all_passes
 from dmlopt.shapes import check_shapes
 from dmlopt.target import Target
 from dmlopt.validate import validate as run_validation
+
+# Names pass options must not take: optimize()'s own keywords and the CLI's own flags (python spelling).
+ENGINE_KEYWORDS = frozenset({
+    "model", "shapes", "dims", "passes", "target", "ort_version", "validate", "tune", "inputs", "atol", "rtol",
+    "progress", "retime", "options", "output", "shape", "dim", "report", "no_validate", "no_time", "force",
+    "no_session_config", "json", "quiet", "version", "overwrite_input_shape"})
+
 
 @dataclasses.dataclass
 class Result:
@@ -42,10 +49,14 @@ class Result:
 
 
 def pass_options() -> dict[str, tuple[type[DmlPass], Option]]:
-    """Every option of every registered pass by python name."""
+    """Every option of every registered pass by python name (unique: `all_passes` checks it; none
+    may take a name of `optimize`'s own keywords, which the CLI flags mirror)."""
     found = {}
     for cls in all_passes().values():
         for opt in cls.options:
+            if opt.name in ENGINE_KEYWORDS:
+                raise TypeError(f"pass '{cls.name}' declares option '{opt.name}' ({opt.flag}), a setting of "
+                                "dmlopt.optimize itself: option names must not clash with it")
             found[opt.name] = (cls, opt)
     return found
 
@@ -141,9 +152,9 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     pass_classes = select_passes(passes)
     context = PassContext(target=resolved,
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
-                          dims=dict(dims or {}), options=checked)
-    context.options["tune"] = tune
-    rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options=checked)
+                          dims=dict(dims or {}), options=dict(checked), engine=EngineSettings(tune=tune))
+    # The report's "options" keep their keys: the user's pass options and "tune".
+    rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options={**checked, "tune": tune})
     rep.target_resolved = resolved.describe()
     explicit = passes is not None
     run = PassRunner(pass_classes, context, explicit=explicit, strict=_strict_clean(original))

@@ -75,7 +75,7 @@ def require_validation(tune: bool, validate: bool) -> None:
 
 def pending(p, context) -> list:
     """The options of pass `p` to choose now (cases 1 and 2 of the module docstring)."""
-    tuning = bool(context.options.get("tune"))
+    tuning = context.engine.tune
     return [opt for opt in p.options if opt.tunable and (
         p.option(opt.name) == "auto" or (tuning and opt.name not in context.options))]
 
@@ -129,7 +129,7 @@ def resolve(order: Sequence[Step], original: ir.Model, context: PassContext, run
     target = context.target.ep
     if validate_output and runtime.has_target(target):
         return _Tuner(order, original, context, run, dict(check or {}), progress).tune()
-    if context.options.get("tune"):
+    if context.engine.tune:
         require_target(target)
     if not validate_output:
         why = "not timed: --no-validate runs nothing"
@@ -314,7 +314,7 @@ class _Tuner:
         if self.default.model is not None and self.key(self.default.options) != self.key(self.best.options):
             entries["default"] = self.default
         rejected = {}
-        if self.context.options.get("tune"):  # asked for the fastest output: the input is a candidate
+        if self.context.engine.tune:  # asked for the fastest output: the input is a candidate
             only = self.input_passes()
             if only:  # the user asked for float16: the input converted, nothing else
                 entry = self.build(self.resolved(self.plan), label="the input in float16", only=only)

@@ -68,6 +68,13 @@ def precision_of(options: Mapping[str, Any]) -> str:
     return "float16" if options.get("fp16") is True else "float32"
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """The pipeline's own settings, kept apart from the pass options (a pass never declares them)."""
+
+    tune: bool = False  # --tune: measure every tunable option left unset, not only those set to "auto"
+
+
 @dataclasses.dataclass
 class PassContext:
     """What a pass may know about the job: the resolved target and the user's settings.
@@ -75,6 +82,9 @@ class PassContext:
     `target` is a `dmlopt.target.Target`, resolved once by `dmlopt.optimize`.  With no
     arguments (a pass run alone) it is DEFAULT_TARGET: DirectML on the newest DirectML table.
     A test may give ``target="cuda", ort_version="1.18"`` instead: they are resolved here.
+    `options` holds pass option values by option name (names are unique across passes: the
+    registry refuses a repeated one), set by the user or resolved by tuning; a pass reads its
+    own through `DmlPass.option` / `DmlPass.option_values`.  `engine`: the pipeline's settings.
     """
 
     target: Target | str = DEFAULT_TARGET
@@ -82,6 +92,7 @@ class PassContext:
     shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     dims: dict[str, int] = dataclasses.field(default_factory=dict)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    engine: EngineSettings = EngineSettings()
 
     def __post_init__(self, ort_version: str | None) -> None:
         if isinstance(self.target, str):
@@ -129,6 +140,10 @@ class DmlPass(ir.passes.InPlacePass):
             if opt.name == name:
                 return self.context.options.get(name, opt.default)
         raise KeyError(f"{self.name} has no option {name!r}")
+
+    def option_values(self) -> dict[str, Any]:
+        """This pass's own options and their values (defaults where unset); no other pass's."""
+        return {opt.name: self.option(opt.name) for opt in self.options}
 
     def resolved_option(self, name: str) -> Any:
         """The option's value, with an 'auto' left unresolved (the pass run outside the pipeline,

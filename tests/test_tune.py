@@ -15,7 +15,7 @@ import pytest
 import dmlopt
 from dmlopt import bench, runtime, tune
 from dmlopt.errors import ProviderError
-from dmlopt.passes import PassContext
+from dmlopt.passes import EngineSettings, PassContext
 from dmlopt.passes.attention import AttentionPass
 from dmlopt.passes.attention_test import hf_attention
 from dmlopt.passes.fp16 import Fp16Pass
@@ -97,13 +97,13 @@ def choice(result, option):
 
 
 def test_pending_options():
-    plain = PassContext(target="cpu", options={"tune": False})
+    plain = PassContext(target="cpu", engine=EngineSettings(tune=False))
     assert tune.pending(Fp16Pass(plain), plain) == []  # fp16 defaults to off, not auto
-    tuning = PassContext(target="cpu", options={"tune": True})
+    tuning = PassContext(target="cpu", engine=EngineSettings(tune=True))
     assert [o.name for o in tune.pending(Fp16Pass(tuning), tuning)] == ["fp16"]
-    user_set = PassContext(target="cpu", options={"tune": True, "fp16": True})
+    user_set = PassContext(target="cpu", options={"fp16": True}, engine=EngineSettings(tune=True))
     assert tune.pending(Fp16Pass(user_set), user_set) == []  # what the user set is kept
-    auto = PassContext(target="cpu", options={"tune": False, "fp16": "auto"})
+    auto = PassContext(target="cpu", options={"fp16": "auto"}, engine=EngineSettings(tune=False))
     assert [o.name for o in tune.pending(Fp16Pass(auto), auto)] == ["fp16"]
 
 
