@@ -16,6 +16,7 @@ from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.graph_check import describe_values, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.tables import format_table
+from dmlopt.target import Target
 
 SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",
              "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Equal", "Where", "Expand", "Reshape"}
@@ -48,6 +49,7 @@ def shape_arithmetic_nodes(model: ir.Model) -> list[ir.Node]:
 
 def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None = None) -> dict[str, Any]:
     """A JSON-ready description of the model (and, with ep='dml', its predicted placement)."""
+    target = Target.resolve("dml", ort_version)  # the DirectML table the predictions read
     m = load(model)
     check_input(m)  # refuse what no runtime can load (cycles, undefined values, unknown opsets)
     counts = op_counts(m)
@@ -89,9 +91,9 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
     }
     predicted = None
     if ep == "dml":
-        predicted = placement.predict(m, ort_version=ort_version)
+        predicted = placement.predict(m, ort_version=target.table_version)
         info["placement"] = predicted.to_dict()
-    info["graph_capture"] = graph_capture_readiness(m, "dml", ort_version, placement=predicted).to_dict()
+    info["graph_capture"] = graph_capture_readiness(m, target, placement=predicted).to_dict()
     return info
 
 

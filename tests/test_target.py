@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import onnxruntime
 import pytest
 
@@ -10,6 +12,8 @@ from dmlopt.errors import UsageError
 from dmlopt.passes import PassContext
 from dmlopt.target import DEFAULT_TARGET, Target, available_versions
 from tests.conftest import conv_leaky_model, one_error_line
+
+BUNDLED_CNN = pathlib.Path(dmlopt.__file__).parent / "data" / "cnn_relu.onnx"
 
 
 def test_directml_without_a_version_is_the_newest_table():
@@ -71,3 +75,8 @@ def test_report_names_the_resolved_target():
     line = f"cpu, ORT {onnxruntime.__version__} (the onnxruntime installed here)"
     assert result.report.to_dict()["target_resolved"] == line
     assert f"target: {line}" in result.report.to_table()
+
+
+def test_inspect_refuses_an_unreadable_version_in_one_line(cli):
+    r = cli("inspect", BUNDLED_CNN, "--ep", "dml", "--ort-version", "abc")
+    assert r.code == 2 and "cannot read an ONNX Runtime version" in one_error_line(r.err)
