@@ -108,8 +108,14 @@ def _header(r: dict[str, Any]) -> str:
     if (r.get("options") or {}).get("tune"):
         opts += " (--tune: variants measured on the target)"
     return (f'<header id="header"><h1>dmlopt report {_status(r)}</h1>'
-            f'<p class="sub">target <b>{esc(r.get("target"))}</b> &middot; ONNX Runtime '
-            f'{esc(r.get("ort_version") or "newest")} &middot; options: {esc(opts)} &middot; {written}</p></header>')
+            f'<p class="sub">target <b>{esc(_target_line(r))}</b> &middot; options: {esc(opts)} &middot; '
+            f'{written}</p></header>')
+
+
+def _target_line(r: dict[str, Any]) -> str:
+    """The target and ORT version the job reasoned about (a report without target_resolved: as asked)."""
+    return r.get("target_resolved") or f'{r.get("target")}, ORT {r.get("ort_version") or "newest"}'
+
 
 
 def _card(key: str, value: str, detail: str = "") -> str:

@@ -8,6 +8,7 @@ import onnxruntime
 import pytest
 
 import dmlopt
+from dmlopt import html_report
 from dmlopt.errors import UsageError
 from dmlopt.passes import PassContext
 from dmlopt.target import DEFAULT_TARGET, Target, available_versions
@@ -80,3 +81,9 @@ def test_report_names_the_resolved_target():
 def test_inspect_refuses_an_unreadable_version_in_one_line(cli):
     r = cli("inspect", BUNDLED_CNN, "--ep", "dml", "--ort-version", "abc")
     assert r.code == 2 and "cannot read an ONNX Runtime version" in one_error_line(r.err)
+
+
+def test_html_report_names_the_resolved_version():
+    result = dmlopt.optimize(conv_leaky_model(), target="dml", ort_version="1.20", passes=["leaky-relu"],
+                             retime=False)
+    assert "target <b>dml, ORT 1.20 (DirectML table 1.18)</b>" in html_report.render(result.report)
