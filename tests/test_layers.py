@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
-                   "dmlopt.graph_check"],
+                   "dmlopt.graph_check", "dmlopt.names"],
     "ONNX Runtime": ["dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
     "DirectML model": ["dmlopt.placement", "dmlopt.placement_data", "dmlopt.placement_nodes",
                        "dmlopt.placement_folding", "dmlopt.placement_kernels", "dmlopt.placement_cpu",
