@@ -53,10 +53,12 @@ def calibrate(model: ir.Model, *, ort_version: str | None = "auto", target: str 
                             "onnxruntime-directml")
     installed = installed_version()
     version = installed if ort_version in (None, "auto") else ort_version
-    predicted = placement_mod.predict(model, ort_version=version)
+    prepared = placement_mod.prepare(model)  # one copy serves the prediction and the comparison
+    predicted = placement_mod.predict(model, ort_version=version, prepared=prepared)
     observed = observe(model, target, shapes=shapes, dims=dims, feeds=feeds)
     actual = actual_placement(observed["log"], observed["events"])
-    result = compare(model, predicted.to_dict(), actual, gpu_provider=runtime.PROVIDERS[target])
+    result = compare(model, predicted.to_dict(), actual, gpu_provider=runtime.PROVIDERS[target],
+                     prepared=prepared)
     result.update({"ort_installed": installed, "ort_version_asked": version, "provider": observed["providers"][0],
                    "stand_in": None if target == "dml" else f"{runtime.PROVIDERS[target]} stood in for DirectML"})
     return result
@@ -110,9 +112,12 @@ def actual_placement(log: str, events) -> dict[str, Any]:
 
 
 def compare(model: ir.Model, predicted: Mapping[str, Any], actual: Mapping[str, Any], *,
-            gpu_provider: str = "DmlExecutionProvider") -> dict[str, Any]:
-    """Node by node: predicted device ('cpu'/'gpu') vs the provider ORT used; copies; partitions."""
-    work = placement_mod.prepared_graph(model)
+            gpu_provider: str = "DmlExecutionProvider",
+            prepared: tuple[ir.Model, int] | None = None) -> dict[str, Any]:
+    """Node by node: predicted device ('cpu'/'gpu') vs the provider ORT used; copies; partitions.
+
+    `prepared` is `placement.prepare(model)` when the caller made it already (it is only read)."""
+    work = prepared[0] if prepared is not None else placement_mod.prepared_graph(model)
     nodes = [n for n in work.graph if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))]
     cpu_pred = {c["node"]: c for c in predicted["cpu_nodes"] if "graph" not in c}
     rows, mismatches = [], []

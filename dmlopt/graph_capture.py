@@ -78,17 +78,20 @@ class Readiness:
 
 
 def graph_capture_readiness(model: ir.Model, target: Target | str = "dml", ort_version: str | None = None, *,
-                            placement: placement_mod.Placement | None = None) -> Readiness:
+                            placement: placement_mod.Placement | None = None,
+                            prepared: tuple[ir.Model, int] | None = None) -> Readiness:
     """Whether `model` qualifies for graph capture on `target` ('dml' or 'cuda') under ONNX
     Runtime `ort_version` (None: the newest DirectML table / this build for CUDA).
 
     A resolved `Target` carries its version (its DirectML table; for CUDA the version asked for).
-    `placement` reuses a DirectML prediction already made for the same model and version."""
+    `placement` reuses a DirectML prediction already made for the same model and version;
+    `prepared` reuses `placement.prepare(model)` (only read here)."""
     if isinstance(target, Target):
         target, ort_version = target.ep, target.table_version if target.ep == "dml" else target.asked
     if target not in PROVIDER_NAMES:
         raise UsageError(f"graph capture applies to DirectML (dml) and CUDA (cuda), not '{target}'")
-    prepared = placement_mod.prepare(model)  # once: the prediction below reads the same copy
+    if prepared is None:  # once: the prediction below reads the same copy
+        prepared = placement_mod.prepare(model)
     work = prepared[0]
     nodes = [n for n in work.graph if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))]
     labels = {id(n): placement_mod.node_label(n, i) for i, n in enumerate(nodes)}

@@ -26,6 +26,7 @@ import onnx_ir as ir
 from dmlopt import runtime
 from dmlopt.errors import InputError, UsageError
 from dmlopt.model import ModelLike, load
+from dmlopt.names import numbered_name
 from dmlopt.shape_inference import infer_shapes
 from dmlopt.shapes import check_shapes
 from dmlopt.tables import format_table
@@ -175,7 +176,7 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
     graph = model.graph
     taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
     taken |= {n.name for n in graph}
-    fresh = functools.partial(_fresh, taken)
+    fresh = functools.partial(numbered_name, taken)
     for value in graph.initializers.values():
         if value.dtype == HALF and value.const_value is not None:
             value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
@@ -191,15 +192,6 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
                 rounded = _insert_after(graph, value, node, [HALF, FULL], fresh)
                 _keep_output_float16(graph, value, rounded, fresh)
     return model
-
-
-def _fresh(taken: set, base: str) -> str:
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    taken.add(name)
-    return name
 
 
 def _keep_output_float16(graph: ir.Graph, value: ir.Value, rounded: ir.Value, fresh) -> None:

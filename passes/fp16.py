@@ -49,6 +49,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from dmlopt.names import numbered_name
 from dmlopt.passes._base import DmlPass, Option
 
 HALF, FULL = ir.DataType.FLOAT16, ir.DataType.FLOAT
@@ -390,12 +391,7 @@ class _Converter:
         return array.astype(np.float16)
 
     def _fresh(self, base: str) -> str:
-        name, n = base, 1
-        while name in self._names:
-            n += 1
-            name = f"{base}_{n}"
-        self._names.add(name)
-        return name
+        return numbered_name(self._names, base)
 
 
 def _names(option) -> set[str]:

@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import calibrate, ort_log
+from dmlopt import calibrate, ort_log, placement, placement_folding
 
 # ORT >= 1.2x: every node of a placement list is a log line of its own (session_state.cc).
 LOG_NEW = """\
@@ -141,6 +141,22 @@ def test_cpu_stands_in_for_directml_on_a_real_session():
     assert rows["einsum_rel"]["agrees"] is True
     assert {m["node"] for m in result["mismatches"]} == {"relu_in", "relu_out"}
     assert result["summary"]["copies_actual"] == 0
+
+
+def test_calibrate_prepares_once_and_compare_answers_the_same_with_the_copy(monkeypatch):
+    """The prediction and the comparison read one prepared copy (ORT's folding modelled once);
+    `compare` given that copy answers as when it prepares its own."""
+    model = dmlopt.load(einsum_model())
+    predicted = placement.predict(model, ort_version="1.14").to_dict()
+    actual = calibrate.actual_placement(LOG_OLD, [])
+    alone = calibrate.compare(model, predicted, actual)
+    assert calibrate.compare(model, predicted, actual, prepared=placement.prepare(model)) == alone
+    assert alone["mismatches"]  # the old-layout sample disagrees: a real answer, not an empty one
+    folds = []
+    real = placement_folding._ort_constant_folding
+    monkeypatch.setattr(placement_folding, "_ort_constant_folding", lambda m: folds.append(m) or real(m))
+    calibrate.calibrate(model, ort_version="1.14", target="cpu")
+    assert len(folds) == 1
 
 
 def test_command_without_directml_is_one_line_exit_2(cli, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import graph_capture
+from dmlopt import graph_capture, inspection, placement, placement_folding
 from dmlopt.graph_capture import graph_capture_readiness
 from tests.conftest import conv_leaky_model
 
@@ -147,3 +147,18 @@ def test_gather_from_a_huge_vector_skips_onnx_data_propagation():
                [helper.make_tensor_value_info("idx", TensorProto.INT64, [4])], [_f("y", [4])], [w])
     assert shape_inference._gathers_from_huge_vector(shape_inference.weightless_proto(m))
     assert graph_capture_readiness(m, "dml").ready
+
+
+def test_inspect_prepares_once_and_answers_as_each_step_alone(monkeypatch):
+    """`inspect --ep dml`: one prepared copy (ORT's folding modelled once) serves the placement
+    prediction and the readiness walk, and both answer as when each prepares its own."""
+    model = _gelu_model(output_on_cpu=False)
+    alone = {"placement": placement.predict(model).to_dict(),
+             "graph_capture": graph_capture_readiness(model, "dml").to_dict()}
+    folds = []
+    real = placement_folding._ort_constant_folding
+    monkeypatch.setattr(placement_folding, "_ort_constant_folding", lambda m: folds.append(m) or real(m))
+    info = inspection.inspect(model, ep="dml")
+    assert len(folds) == 1
+    assert info["placement"] == alone["placement"] and info["graph_capture"] == alone["graph_capture"]
+    assert info["graph_capture"]["blockers"]  # the Gelu on the CPU: a real answer, not an empty one

@@ -1,0 +1,124 @@
+"""Step 1: ORT's level-1 constant folding, which runs before the EP sees the graph.
+
+Why: a node whose inputs are all constants, and a Shape/Size of a static shape, become
+initializers and never reach the EP; `prepare` makes the copy the later steps analyse.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+
+from dmlopt.placement_data import _domain
+from dmlopt.placement_nodes import _attr, _static_shape, graph_attributes
+from dmlopt.shape_inference import check_function_expansion, fold_refusal, infer_shapes
+
+
+# Ops ORT never folds (non-deterministic) even when their inputs are constant.
+NOT_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                "Bernoulli"}
+
+
+# The prediction evaluates ORT's folds itself; a result over this many elements (that frees
+# less than it adds) is not evaluated and is predicted as a node (a warning says so).
+FOLD_LIMIT_ELEMENTS = 1 << 22
+
+
+def prepare(model: ir.Model, fold: bool = True) -> tuple[ir.Model, int]:
+    """The copy of `model` that `predict` analyses and how many nodes ORT's folding removed."""
+    if model.functions:  # ORT inlines model-local functions when it loads the model
+        check_function_expansion(model)
+        model = model.clone()
+        common_passes.InlinePass()(model)
+    return _ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
+
+
+def prepared_graph(model: ir.Model, *, fold: bool = True) -> ir.Model:
+    """The copy of `model` that `predict` analyses (ORT's folding applied, shapes inferred);
+    its nodes, Constant nodes left out, carry the names `node_label` gives."""
+    return prepare(model, fold)[0]
+
+
+def _with_shapes(model: ir.Model) -> ir.Model:
+    """`model` (changed in place and returned) with ONNX shape inference, data propagation on.
+
+    Best effort (contrib ops, odd models); the weights are not serialized (dmlopt.shape_inference)."""
+    infer_shapes(model)
+    return model
+
+
+def _ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Model, int]:
+    """A copy of `model` after what ORT's level-1 ConstantFolding does before partitioning.
+
+    ORT folds a node when all its inputs are constant, and a Shape/Size whose input shape is
+    fully static; it does not fold through partially known shapes.  Each round infers shapes
+    again, because a folded Reshape shape makes the next Shape static.
+    """
+    work = _with_shapes(model.clone())
+    folded = 0
+    unfolded: list[str] = []
+    for _ in range(max_rounds):
+        changed = 0
+        for node in list(work.graph):
+            values = _fold_node(node, unfolded)
+            if values is None:
+                continue
+            for out, array in zip(node.outputs, values):
+                const = ir.Value(name=out.name, shape=ir.Shape(array.shape), type=ir.TensorType(out.dtype or
+                                 ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array))
+                ir.convenience.replace_all_uses_with(out, const, replace_graph_outputs=True)
+                work.graph.register_initializer(const)
+            work.graph.remove(node, safe=True)
+            changed += 1
+        folded += changed
+        if not changed:
+            break
+        work = _with_shapes(work)
+    work.graph.meta[UNFOLDED_KEY] = unfolded
+    return work, folded
+
+
+UNFOLDED_KEY = "dmlopt.placement.unfolded"
+
+
+def _fold_node(node: ir.Node, unfolded: list[str]) -> list[np.ndarray] | None:
+    """The values of `node`'s outputs when ORT would fold it, else None."""
+    if _domain(node.domain) != "" or node.op_type in NOT_FOLDABLE or node.op_type == "Constant" \
+            or graph_attributes(node) or not node.outputs:
+        return None
+    inputs = list(node.inputs)
+    if node.op_type in ("Shape", "Size") and inputs and _static_shape(inputs[0]) is not None:
+        shape = np.array(_static_shape(inputs[0]), dtype=np.int64)
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(shape)), dtype=np.int64)]
+        start, end = _attr(node, "start", 0), _attr(node, "end", None)
+        return [shape[start:end] if end is not None else shape[start:]]
+    if not inputs or any(v is not None and v.is_graph_input() for v in inputs):
+        return None
+    tensors = {v.name: _const_tensor(v) for v in inputs if v is not None}
+    if any(t is None for t in tensors.values()):
+        return None
+    if fold_refusal(node, FOLD_LIMIT_ELEMENTS, const=_const_tensor) is not None:  # sized before evaluating
+        if node.name not in unfolded:
+            unfolded.append(node.name or node.op_type)
+        return None
+    feeds = {name: t.numpy() for name, t in tensors.items()}
+    try:
+        from onnx.reference import ReferenceEvaluator  # lazily: only folds that get this far need it
+
+        proto = ir.serde.serialize_node(node)
+        outputs = ReferenceEvaluator(proto).run(None, feeds)
+    except Exception:  # noqa: BLE001 - an op the reference runtime cannot evaluate stays in the graph
+        return None
+    return [np.asarray(o) for o in outputs]
+
+
+def _const_tensor(value: ir.Value) -> ir.TensorProtocol | None:
+    """ir.convenience.get_const_tensor without naming a Constant's tensor: the work copy shares it with the
+    caller's model (clone does not copy tensors), which predict leaves unchanged."""
+    producer = value.producer()
+    if value.const_value is None and producer is not None and producer.op_type == "Constant" \
+            and _domain(producer.domain) == "" and "value" in producer.attributes:
+        return producer.attributes["value"].as_tensor()
+    return ir.convenience.get_const_tensor(value)
