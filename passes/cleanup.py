@@ -26,6 +26,7 @@ from typing import Callable
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript import rewriter
+from onnxscript.rewriter.rules import common as common_rules
 from onnxscript.optimizer import _constant_folding as constant_folding
 
 from dmlopt.model import initializer_bytes
@@ -101,10 +102,33 @@ def optimizer_passes(output_limit: int, should_fold: Callable[[ir.Node], bool | 
         common_passes.CommonSubexpressionEliminationPass(), common_passes.NameFixPass())
 
 
+def optimizer_rules() -> list:
+    """The rules ``onnxscript.optimizer.optimize_ir`` applies, in its order, from onnxscript's public
+    rule modules (its own list is private; passes/cleanup_test.py checks the two agree)."""
+    r = common_rules
+    return [
+        *r.mul_by_1_rule.commute(), *r.add_0_rule.commute(), r.sub_0_rule, r.div_by_1_rule,
+        r.dropout_zero_rule, r.dropout_inference_rule,
+        r.two_reshapes_matmul_reshape_rule, r.one_reshape_matmul_reshape_rule,
+        r.cast_constant_of_shape_rule, r.cast_constant_of_shape_without_value_rule,
+        r.collapse_slice_rule, r.collapse_slice2_rule, r.materialize_reshape_shape_rule,
+        r.min_min_rule, r.max_max_rule, r.min_max_rule, r.max_min_rule,
+        r.successive_clip_relu_rule, r.successive_relu_clip_rule, r.successive_relu_rule, r.successive_clip_rule,
+        r.cast_cast_rule, r.no_op_cast_rule, r.no_op_expand_rule, r.flatten_to_reshape_rule, r.reshape_reshape_rule,
+        r.slice_split_rule, r.no_op_transpose_rule, r.transpose_transpose_rule, r.unsqueeze_unsqueeze_rule,
+        r.squeeze_reshape_1d_rule, r.no_op_dynamic_scatter_nd_rule, r.no_op_static_scatter_nd_rule,
+        r.normalize_pad_format_conv_rule, r.normalize_pad_format_conv_integer_rule,
+        r.fuse_pad_into_conv_rule, r.fuse_pad_into_conv_integer_rule,
+        r.fuse_batchnorm_into_conv_rule, r.fuse_batchnorm_into_conv_transpose_rule, r.fuse_batchnorm_into_gemm_rule,
+        r.remove_optional_bias_from_conv_rule, r.remove_optional_bias_from_conv_transpose_rule,
+        r.remove_optional_bias_from_qlinear_conv_rule, r.remove_optional_bias_from_gemm_rule,
+    ]
+
+
 def default_rules() -> list:
     """The rules optimize_ir applies, multi-output ones gated to their first op (case 5)."""
     rules = []
-    for rule in rewriter._DEFAULT_REWRITE_RULES:  # noqa: SLF001 - optimize_ir's own list
+    for rule in optimizer_rules():
         pattern_ir = getattr(rule, "_target_pattern", None)
         if pattern_ir is not None and not pattern_ir.has_single_output_node:
             rule = _FirstOpGate(rule, pattern_ir.output_nodes[0].op_identifier())

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxscript import rewriter
 
 import dmlopt
+from dmlopt.passes import cleanup as cleanup_pass
 
 
 def _loop_without_cond() -> onnx.ModelProto:
@@ -63,3 +67,18 @@ def test_dead_code_removal_keeps_empty_inputs_that_onnx_ir_would_trim():
     remove_unused_nodes(ours)
     assert len(next(iter(raw.graph)).inputs) == 1  # what the library does
     assert len(next(iter(ours.graph)).inputs) == 2  # what dmlopt keeps
+
+
+def _rule_signature(rule) -> tuple:
+    """What a rule matches, checks and writes, without the ids of its anonymous values."""
+    condition = getattr(rule, "_condition_function", None)
+    return (type(rule).__name__, re.sub(r"anonymous:\d+", "v", str(rule._target_pattern)),
+            getattr(condition, "__qualname__", None), type(rule._replacement_pattern).__name__)
+
+
+def test_cleanup_rules_are_onnxscript_optimizers_rules_in_its_order():
+    """cleanup builds optimize_ir's rule list from onnxscript's public rules: it must stay that list."""
+    ours, theirs = cleanup_pass.optimizer_rules(), list(rewriter._DEFAULT_REWRITE_RULES)  # noqa: SLF001
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a is b or _rule_signature(a) == _rule_signature(b), (_rule_signature(a), _rule_signature(b))
