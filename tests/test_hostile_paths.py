@@ -317,26 +317,27 @@ def test_sigterm_leaves_no_partial_output_and_no_weight_copy(big_model, tmp_path
     mid-validation (ORT's copy of the weights, `dmlopt-ort-*`, exists in the system temp
     folder): exit 128 + signal, one line, nothing in the output folder, nothing left in the
     temp folder, the input untouched."""
-    out_dir, tmp_dir = tmp_path / "out", tmp_path / "tmp"
-    out_dir.mkdir()
-    tmp_dir.mkdir()
     before = _entries(big_model.parent)
-    argv = ["optimize", str(big_model), "-o", str(out_dir / "out.onnx"), "--passes", "cleanup", "-q"]
-    proc = subprocess.Popen([sys.executable, "-m", "dmlopt", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, TMPDIR=str(tmp_dir)))
-    if moment == "while saving":
-        watched, prefix, suffix = out_dir, ".out.onnx.", ".tmp"
-    else:
-        watched, prefix, suffix = tmp_dir, "dmlopt-ort-", ""
-    hit = _interrupt_when(proc, lambda: any(p.name.startswith(prefix) and p.name.endswith(suffix)
-                                            for p in watched.iterdir()), sig=sig)
-    _, err = proc.communicate(timeout=120)
-    assert hit, f"the run ended before the moment came: {err}"
+    for attempt in range(3):  # a run whose moment a loaded machine let pass unseen is run again
+        out_dir, tmp_dir = tmp_path / f"out{attempt}", tmp_path / f"tmp{attempt}"
+        out_dir.mkdir()
+        tmp_dir.mkdir()
+        argv = ["optimize", str(big_model), "-o", str(out_dir / "out.onnx"), "--passes", "cleanup", "-q"]
+        proc = subprocess.Popen([sys.executable, "-m", "dmlopt", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(tmp_dir)))
+        watched, prefix, suffix = ((out_dir, ".out.onnx.", ".tmp") if moment == "while saving"
+                                   else (tmp_dir, "dmlopt-ort-", ""))
+        hit = _interrupt_when(proc, lambda: any(p.name.startswith(prefix) and p.name.endswith(suffix)
+                                                for p in watched.iterdir())
+                              and not (out_dir / "out.onnx").exists(), sig=sig)
+        _, err = proc.communicate(timeout=120)
+        if hit:
+            break
+    assert hit, f"the run ended before the moment came, 3 times: {err}"
     assert proc.returncode == 128 + sig, err
     assert err.strip() == f"dmlopt: terminated ({signal.Signals(sig).name}); nothing was written"
     assert list(out_dir.iterdir()) == []
-    # ONNX Runtime 1.32 keeps a 51-byte session id (".ses") in the temp folder on every run
-    assert [p.name for p in tmp_dir.iterdir() if p.name != ".ses"] == []
+    assert list(tmp_dir.iterdir()) == []  # ORT's telemetry session file (.ses) included
     assert _entries(big_model.parent) == before
 
 
