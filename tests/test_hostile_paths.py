@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx_ir as ir
 import onnx
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes
@@ -269,6 +270,21 @@ def test_external_data_is_read_from_the_models_folder_not_the_working_folder(cli
     assert np.array_equal(run(dmlopt.load(out), _feeds(model))["y"], expected)
     # and through the API: the loaded model computes with the model folder's weights
     assert np.array_equal(run(dmlopt.load(path), _feeds(model))["y"], expected)
+
+
+def test_an_external_constant_stays_on_disk(cli, folders):
+    """A main-graph Constant over external data is not read at load: it becomes an initializer of
+    the same name that keeps the reference into the model's folder (a large one stays mmapped)."""
+    model_dir, cwd = folders
+    path = _save(model_dir, "m.onnx", _constant_model())
+    model = dmlopt.load(path)
+    assert [n.op_type for n in model.graph] == ["Add"]
+    tensor = model.graph.initializers["W"].const_value
+    assert isinstance(tensor, ir.ExternalTensor) and pathlib.Path(tensor.path) == model_dir / "w.bin"
+    assert np.array_equal(run(model, _feeds(_constant_model()))["y"], 0.5 + WEIGHTS)
+    assert "W" in {o.name for o in model.graph[0].inputs}
+    _refused(cli, cwd, "inspect", _save(model_dir, "bad.onnx", onnx.ModelProto.FromString(
+        _constant_model().SerializeToString().replace(b"w.bin", b"../w."))), fragment="outside the model's folder")
 
 
 @pytest.mark.parametrize("holder", HOLDERS)
