@@ -41,7 +41,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dmlopt import runtime
-from dmlopt.errors import InputError, ProviderError, UsageError
+from dmlopt.errors import InputError, ProviderError, UsageError, printable_tree
 from dmlopt.progress import bar_for
 from dmlopt.tables import format_table
 from dmlopt.validate import as_input_type, make_inputs
@@ -343,6 +343,7 @@ def profile_table(profile: Mapping[str, Any] | None, provider: str, *, top_ops: 
     """Kernel time per op type and the slowest nodes, as text (`bench --profile`)."""
     if not profile or "op_time_ms" not in profile:
         return "profile: none taken (--profile needs --warmup >= 1)"
+    profile = printable_tree(profile)  # node names come from the model file
     total = profile["kernel_ms"] or 1e-12
     rows = [("op type", "nodes", "ms", "share")]
     for op, entry in list(profile["op_time_ms"].items())[:top_ops]:
@@ -483,7 +484,10 @@ def _copies(value) -> str:
 
 
 def to_table(result: dict[str, Any], *, profile: bool = False) -> str:
-    """Readable form of `time_model`, `compare` or `tune_ep` output (`profile`: with `profile_table`)."""
+    """Readable form of `time_model`, `compare` or `tune_ep` output (`profile`: with `profile_table`).
+    Every string is escaped first: ORT's failure text and the model's names may hold control codes
+    or newlines that must not reach the terminal or forge a line."""
+    result = printable_tree(result)
     if "models" not in result:
         lat = result["latency_ms"]
         rows = [("provider", "load s", "min ms", "median ms", "p90 ms", "runs", "copies"),

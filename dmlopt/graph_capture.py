@@ -33,6 +33,7 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt import placement as placement_mod
+from dmlopt import runtime
 from dmlopt.einsum_support import parse_version
 from dmlopt.target import Target
 from dmlopt.errors import UsageError
@@ -243,10 +244,8 @@ def _cuda_kernels() -> dict[tuple[str, str], list[tuple[int, int]]] | None:
     """(domain, op) -> since-version ranges of this onnxruntime build's CUDA kernels; None when the
     build has no CUDA kernels (the CPU wheel)."""
     try:
-        # lazily (start-up speed), and inside the try: a build may lack the registry query
-        from onnxruntime.capi import onnxruntime_pybind11_state as capi
-
-        defs = capi.get_all_opkernel_def()
+        # inside the try: a build may lack the registry query
+        defs = runtime.ort().capi.onnxruntime_pybind11_state.get_all_opkernel_def()
     except Exception:  # noqa: BLE001 - no onnxruntime, or a build without the registry query
         return None
     found: dict[tuple[str, str], list[tuple[int, int]]] = {}
@@ -258,9 +257,7 @@ def _cuda_kernels() -> dict[tuple[str, str], list[tuple[int, int]]] | None:
 
 def _ort_build_version() -> str:
     try:
-        import onnxruntime  # lazily (start-up speed); inside the try: no onnxruntime gives "?"
-
-        return ".".join(onnxruntime.__version__.split(".")[:2])
+        return ".".join(runtime.ort().__version__.split(".")[:2])  # no onnxruntime gives "?"
     except Exception:  # noqa: BLE001
         return "?"
 

@@ -356,11 +356,13 @@ def _sub_byte(data_type: int) -> bool:
 def _resolve_external_data(model: ir.Model, base: pathlib.Path) -> None:
     """Read every tensor's external data from the model's folder, never the working folder:
     initializers (main graph and subgraphs) keep their reference with `base_dir` set, so large
-    weights stay on disk; a tensor attribute (Constant's `value`, in any graph or function) and
-    an initializer of a subgraph inside a function are read into memory now, because onnx_ir's
+    weights stay on disk; a main-graph Constant over external data becomes such an initializer;
+    any other tensor attribute (a Constant that is a graph output, in a subgraph or a function)
+    and an initializer of a subgraph inside a function are read into memory now, because onnx_ir's
     save and ONNX Runtime's loader only follow the references of the initializers of
     `model.graphs()` (elsewhere they would be resolved against the working folder)."""
     kept = {id(g) for g in model.graphs()}  # the graphs whose initializers onnx_ir's save writes out
+    _lift_external_constants(model.graph, base)
     for graph in _all_graphs(model):
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
@@ -377,6 +379,29 @@ def _resolve_external_data(model: ir.Model, base: pathlib.Path) -> None:
             elif attr.type == ir.AttributeType.TENSORS and any(isinstance(t, ir.ExternalTensor) for t in attr.value):
                 tensors = [_in_memory(t, base) if isinstance(t, ir.ExternalTensor) else t for t in attr.value]
                 node.attributes[name] = ir.AttrTensors(name, tensors)
+
+
+def _lift_external_constants(graph: ir.Graph, base: pathlib.Path) -> None:
+    """A main-graph Constant whose `value` is external data becomes an initializer of the same
+    name that keeps the reference (read from `base`, memory-mapped when used), so that a large
+    Constant is never read whole at load (nor by the checker, which sees large initializers as
+    typed inputs).  A Constant that is a graph output stays a node (read below)."""
+    for node in list(graph):
+        attr = node.attributes.get("value")
+        if (node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or attr is None or attr.is_ref()
+                or not isinstance(attr.value, ir.ExternalTensor)):
+            continue
+        out = node.outputs[0]
+        if out.is_graph_output() or out.name in graph.initializers:
+            continue
+        tensor = attr.value
+        tensor.base_dir = str(base)
+        value = ir.Value(name=None, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
+        ir.convenience.replace_all_uses_with(out, value)
+        name = out.name
+        graph.remove(node, safe=True)
+        value.name = name
+        graph.register_initializer(value)
 
 
 def _in_memory(tensor: ir.ExternalTensor, base: pathlib.Path) -> ir.Tensor:

@@ -32,7 +32,14 @@ PROVIDERS = {
 AUTO_ORDER = ("dml", "cuda", "cpu")
 
 
+# ORT's telemetry uploader (Linux/macOS builds since 1.29) starts when onnxruntime is imported and
+# keeps a session file (.ses) in TMPDIR: dmlopt leaves nothing behind, so it is off unless the user
+# set the switch. It must be set before the import: disable_telemetry_events() comes too late.
+TELEMETRY_SWITCH = "ORT_DISABLE_TELEMETRY"
+
+
 def ort():
+    os.environ.setdefault(TELEMETRY_SWITCH, "1")
     import onnxruntime  # lazily: commands that never run a model start without loading it
 
     return onnxruntime

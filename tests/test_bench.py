@@ -192,6 +192,17 @@ def test_tune_ep_times_every_option_set_and_names_the_best(model):
     assert "best: " in bench.to_table(out)
 
 
+def test_to_table_escapes_failure_text_and_node_names(model):
+    out = bench.tune_ep(model, "cpu", **RUNS)
+    out["failed"]["x=1"] = "ORT said \x1b[2Jno\r\nbest: forged"
+    out["models"][out["best"]]["profile"]["slowest_nodes"][0]["node"] = "conv\nbest: forged\x07"
+    text = bench.to_table(out, profile=True)
+    assert not any(c in text for c in "\x1b\r\x07")
+    assert "x=1: could not start: ORT said \\x1b[2Jno\\r\\nbest: forged" in text
+    assert "conv\\nbest: forged\\x07" in text
+    assert [line for line in text.splitlines() if line.startswith("best: ")] == [f"best: {out['best']}  ({out['flags']})"]
+
+
 def test_retime_reports_before_after_and_speedup(model):
     after = model.clone()
     t = bench.retime(model, after, "cpu", runs=4)

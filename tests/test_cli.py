@@ -155,9 +155,16 @@ def test_failed_validation_writes_nothing_unless_forced(cli, tmp_path, model_pat
 
 
 def test_entry_point_runs_as_a_user_would(tmp_path, model_path):
+    """... and leaves nothing in TMPDIR (ORT's telemetry uploader keeps a .ses file there unless it
+    is switched off before onnxruntime is imported)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("ORT_DISABLE_TELEMETRY", "CI", "GITHUB_ACTIONS", "TF_BUILD")}
     r = subprocess.run([sys.executable, "-m", "dmlopt", "optimize", str(model_path), "-o", str(tmp_path / "o.onnx"),
-                        "--passes", "cleanup", "-q"], capture_output=True, text=True)
+                        "--passes", "cleanup", "-q"], capture_output=True, text=True, env={**env, "TMPDIR": str(tmpdir)})
     assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o.onnx").exists()
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
     bad = subprocess.run([sys.executable, "-m", "dmlopt", "inspect", str(tmp_path / "missing.onnx")],
                          capture_output=True, text=True)
     assert bad.returncode == 2

@@ -204,13 +204,41 @@ def big_model(tmp_path_factory) -> pathlib.Path:
     return path
 
 
+def _stopped(pid: int, timeout: float = 10.0) -> bool:
+    """Wait until the kernel shows `pid` stopped (state T in /proc/PID/stat) or gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in "Tt":
+            return True
+        if state in "ZX":
+            return False
+        time.sleep(0.0005)
+    return False
+
+
 def _interrupt_when(proc: subprocess.Popen, appeared, timeout: float = 120.0, sig=signal.SIGINT) -> bool:
-    """Poll until `appeared()` is true, then send `sig` (SIGINT) to the process; False if it ended first."""
+    """Poll until `appeared()` is true, then send `sig` (SIGINT) while it still is; False if the
+    process ended first.  Where the platform allows, the process is frozen (SIGSTOP, waited for)
+    and the moment checked again before the signal is sent and the process resumed: on a loaded
+    machine the moment cannot pass between the check and the signal."""
+    freeze = hasattr(signal, "SIGSTOP") and pathlib.Path(f"/proc/{proc.pid}/stat").exists()
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         if appeared():
-            proc.send_signal(sig)
-            return True
+            if not freeze:
+                proc.send_signal(sig)
+                return True
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                if _stopped(proc.pid) and appeared():  # frozen: still so when the signal is taken
+                    proc.send_signal(sig)
+                    return True
+            finally:
+                proc.send_signal(signal.SIGCONT)
         time.sleep(0.002)
     return False
 
