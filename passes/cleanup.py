@@ -45,7 +45,8 @@ class CleanupPass(DmlPass):
     summary = "fold constants, drop dead nodes and identities (onnxscript optimizer); never grows the model >1%"
     order = 0.0
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def rewrite(self, model: ir.Model) -> bool:
+        """Its own undo-if-worse: each folding limit in turn, undone while it grows the model."""
         before_nodes = _count_nodes(model)
         before_bytes = initializer_bytes(model)
         budget = before_bytes * (1 + MAX_GROWTH) + 4096  # tiny models: allow a few scalars
@@ -69,7 +70,7 @@ class CleanupPass(DmlPass):
         modified = after_nodes != before_nodes or initializer_bytes(model) != before_bytes
         if modified:
             self.rewrote("<graph>", f"{before_nodes} -> {after_nodes} nodes")
-        return ir.passes.PassResult(model, modified)
+        return modified
 
     def _size_guard(self, limit: int) -> Callable[[ir.Node], bool | None]:
         """onnxscript's `should_fold`: False for a node whose result would be too big, else its own rules."""

@@ -43,11 +43,10 @@ import dataclasses
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
-from dmlopt.passes._shared import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, fresh_names, regroup,
+from dmlopt.passes._shared import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, regroup,
                                    unused_initializers)
 
 # Elementwise activations DirectML fuses into a Conv (dml-facts.md section 4), ONNX domain.
@@ -238,24 +237,27 @@ class ConvTransposePass(DmlPass):
         return self.resolved_option("conv_transpose")
 
     def initializer(self, op, array: np.ndarray, base: str) -> ir.Value:
-        name = self._fresh(base or "subpixel_weight")
+        name = self.fresh(base or "subpixel_weight")
         return op.initializer(ir.tensor(np.ascontiguousarray(array), name=name), name=name)
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        sites = [n for n in all_nodes(model) if n.op_type == "ConvTranspose" and n.domain == ""]
-        if not sites:
-            return ir.passes.PassResult(model, False)
-        if self.choice() == "keep":
-            for node in sites:
-                self.kept(node, "conv_transpose=keep", strategy="keep")
-            return ir.passes.PassResult(model, False)
-        if any(not n.name for n in sites):
-            common_passes.NameFixPass()(model)  # the site log is by node name
-        self._fresh = fresh_names(model)
+    needs_names = "sites"
+    needs_fresh_names = True
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        return [n for n in all_nodes(model) if n.op_type == "ConvTranspose" and n.domain == ""]
+
+    def skip(self, model: ir.Model, sites) -> bool:
+        if self.choice() != "keep":
+            return False
+        for node in sites:
+            self.kept(node, "conv_transpose=keep", strategy="keep")
+        return True
+
+    def rewrite(self, model: ir.Model) -> bool:
         rules = [ConvTransposeToSubpixel.rule(self)]
         rules += [ActivatedConvTransposeToSubpixel.rule(self, a) for a in FUSABLE_ACTIVATIONS]
         unused_before = unused_initializers(model)
         count = apply_rules(model, rules)
         drop_orphaned_initializers(model, unused_before)
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0
 

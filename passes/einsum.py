@@ -58,7 +58,6 @@ from typing import Sequence, Union
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from onnxscript.rewriter import pattern
 
@@ -607,12 +606,14 @@ class EinsumPass(DmlPass):
                auto_default={"dml": "by-size", "cuda": "largest-matmul", "cpu": "largest-matmul"}),
     )
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        if not any(n.op_type == "Einsum" and n.domain in ("", "ai.onnx")
-                   for n in ir.traversal.RecursiveGraphIterator(model.graph)):
-            return ir.passes.PassResult(model, False)
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
+    needs_shapes = "onnx"
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        return [n for n in ir.traversal.RecursiveGraphIterator(model.graph)
+                if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]
+
+    def rewrite(self, model: ir.Model) -> bool:
         count = apply_rules(model, [LowerEinsum.rule(self)])
         if count:
             remove_unused_nodes(model)
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0
