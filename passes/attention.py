@@ -36,10 +36,10 @@ the last axis, ops other than Reshape/Add/scalar scale between the scores and th
 (masks by Where, Casts), scale after a bias, probabilities read elsewhere, heads whose
 layout needs a copy, element types other than float/float16, DirectML before ORT 1.15.
 Option ``attention``: fuse | keep | auto (CUDA: keep in float32, fuse in float16; DirectML: fuse
-from ORT 1.15; CPU: keep; measured where the target's provider is present).  Measured (benchmarks/attention.py,
-float32): SAM ViT-B on an H200's CUDA EP ran 24.0 ms fused vs 22.0 ms kept (export: 21.5), as CUDA's
-float32 MHA with a full (B, N, S, T) bias gains nothing over MatMul+Softmax; what it gains
-on DirectML (one MHA operator instead of ~10 ops per block) is measured there with --tune.
+from ORT 1.15; CPU: keep; measured where the target's provider is present).  CUDA keeps float32
+attention because its float32 MHA with a full (B, N, S, T) bias gains nothing over MatMul+Softmax
+(benchmarks/attention.py; figures in benchmarks/README.md); what fusing gains on DirectML (one MHA
+operator instead of a block's chain of ops) is measured there with --tune.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Cases:
   1. Foldable subgraphs (Shape of static values, arithmetic on constants) become
      constants; dead nodes, Identity and no-op nodes go (onnxscript.optimizer's passes).
   2. Folding may materialize large tensors (Expand, Tile, ConstantOfShape, Range on
-     constants).  Peers have grown models 5-10x this way.  Each fold is sized from the true
+     constants).  Other optimizers have grown models several-fold this way.  Each fold is sized from the true
      shapes of its inputs before anything is evaluated (``fold_refusal``): a result over the
      output limit stays an op, so a 300-byte Expand to [30000, 30000] allocates nothing.
      The result is then measured: if the initializers grew by more than 1% (``MAX_GROWTH``),

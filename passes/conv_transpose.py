@@ -32,9 +32,8 @@ negative pads, opset < 11 (no DepthToSpace mode).
 Option ``--conv-transpose keep|subpixel|auto``; ``auto`` is timed by ``dmlopt.tune`` on the
 target.  Without the target it means:
   - dml: ``subpixel``: the report's layer ran without a metacommand; a forward Conv gets one.
-  - cuda: ``subpixel``: measured faster on an H200 (benchmarks/cnn.py, onnxruntime-gpu 1.31.1,
-    k4 s2 p1 layer of the 7-layer CNN): 0.78x the original at 1080x1920, 0.83x at 256x256.
-  - cpu: ``keep``: measured 0.79x-1.07x on a shared 2-core machine, no clear gain.
+  - cuda: ``subpixel``: measured faster on an H200 (benchmarks/cnn.py; figures in benchmarks/README.md).
+  - cpu: ``keep``: no clear gain measured on a shared 2-core machine (benchmarks/cnn.py).
 """
 
 from __future__ import annotations

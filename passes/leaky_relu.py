@@ -1,7 +1,7 @@
 """leaky-relu: LeakyRelu in forms that DirectML can fuse, one strategy for the whole model.
 
 On some GPUs and drivers DirectML runs Conv through a vendor metacommand that fuses Relu but not
-LeakyRelu (DirectML issue #138: the 7-layer CNN ran 33 ms where ~11 ms was expected).  What
+LeakyRelu (DirectML issue #138: the 7-layer CNN ran far slower than its Relu twin).  What
 fuses depends on hardware and driver, so this pass offers exact rewrites and ``dmlopt.tune``
 picks among them by timing on the target.  ``a`` is LeakyRelu's alpha, ``z`` its input.
 
@@ -48,12 +48,11 @@ exists.  Where it does not, ``auto_default`` applies:
     does not fuse LeakyRelu; its price is a second Conv (twice the MACs) and one Add per site.
     decompose and relu-split leave the Conv unfused plus 2-4 elementwise passes; channel-fold
     doubles both neighbours' channels (4x the MACs of a Conv between two folded sites).  On
-    drivers that do fuse LeakyRelu, ``keep`` is faster, by up to the ~1.7x that the doubled
-    Conv work costs where nothing fuses (H200 figure below): tune on the target.
+    drivers that do fuse LeakyRelu, ``keep`` is faster, by up to what the doubled Conv work
+    costs where nothing fuses (benchmarks/cnn.py): tune on the target.
   - cuda, cpu: ``keep``.  The CUDA EP fuses no activation into Conv and the CPU EP fuses
-    LeakyRelu into its Conv itself, so every rewrite only adds work.  Measured with
-    benchmarks/cnn.py on an H200 (CUDA EP, 1080x1920, ratio to the original): the Relu twin 1.00,
-    decompose 1.15, relu-split 1.35, channel-fold 1.47, conv-split 1.71.
+    LeakyRelu into its Conv itself, so every rewrite only adds work (benchmarks/cnn.py on an
+    H200; figures in benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -37,10 +37,9 @@ Cases:
 Cost: the per-token ops of a merged stretch also run on the padded tokens ((Hp*Wp)/(H*W) - 1
 more work there: 20% for SAM at 1024 px, 64 -> 70 tokens a side).  Option ``window_layout``:
 merge | keep | auto (timed on the target with --tune; untimed: merge for DirectML and CUDA,
-keep for the CPU).  Measured (benchmarks/attention.py, fp32, same run, attention kept): on an
-H200's CUDA EP SAM ran faster merged at every size, 64 px x1.04, 256 px x1.04, ViT-B at 512 px
-x1.03, at 1024 px x1.06 (21.96 -> 20.64 ms); on 2 CPU cores the 256 px SAM (16 -> 21 tokens a
-side: 72% more MLP work between the merged blocks) ran slower (39.5 -> 57.0 ms).
+keep for the CPU: on an H200's CUDA EP SAM ran faster merged at every size, on 2 CPU cores a
+256 px SAM, whose padding adds much MLP work, ran slower; benchmarks/attention.py, figures in
+benchmarks/README.md).
 """
 
 from __future__ import annotations
