@@ -459,6 +459,7 @@ class LeakyReluPass(DmlPass):
     needs_fresh_names = True
 
     def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        self.strategy()  # resolved (and an untuned "auto" noted) whether or not the model has sites
         return [node for node in all_nodes(model) if node.op_type == "LeakyRelu"]
 
     def skip(self, model: ir.Model, sites) -> bool:

@@ -197,10 +197,9 @@ class RelPosBiasPass(DmlPass):
     needs_names = "sites"
     needs_shapes = "onnx"
 
-    def skip(self, model: ir.Model, sites) -> bool:
-        return self.resolved_option("relpos_bias") == "keep"
-
     def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        if self.resolved_option("relpos_bias") == "keep":
+            return []
         return [n for n in ir.traversal.RecursiveGraphIterator(model.graph)
                 if n.op_type == "MultiHeadAttention" and n.domain == "com.microsoft"]
 
