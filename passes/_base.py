@@ -5,6 +5,12 @@ declares ``name`` (the CLI name), ``summary`` (one line for ``dmlopt passes``) a
 ``options`` (each becomes ``--flag`` on ``dmlopt optimize`` and a keyword of
 ``dmlopt.optimize``).  While it runs it logs every site it looked at, rewritten or
 declined with a reason, so the report can say what changed and why not.
+
+Its ``call`` is a template, so every pass runs the same prologue in the same order:
+find the sites (none: the model is left as it is), the steps the pass declares (node
+names, one shape-inference route, fresh names), the pass's own ``rewrite``, and, where
+the pass measures something, undo-if-worse.  onnx_ir's ``requires``/``ensures`` hooks
+run around it as they do for any onnx_ir pass.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
+from dmlopt import shape_inference
 from dmlopt.target import DEFAULT_TARGET, Target
 
 
@@ -126,6 +133,14 @@ class DmlPass(ir.passes.InPlacePass):
     options: ClassVar[tuple[Option, ...]] = ()
     # Position in the default pipeline (lower runs first).
     order: ClassVar[float] = 50.0
+    # The prologue steps `call` runs before `rewrite` (see `prepare`):
+    # which nodes must have names for the site log: "none", "sites" (when a site has none) or "all";
+    needs_names: ClassVar[str] = "none"
+    # one shape-inference route: "none"; "types" (dmlopt.shape_inference.infer_shapes, data propagation on);
+    # "onnx" (onnx_ir's ShapeInferencePass, non-strict) or "onnx-strict" (strict mode);
+    needs_shapes: ClassVar[str] = "none"
+    # and `self.fresh`, a source of names unused in the model, for the values a rewrite adds.
+    needs_fresh_names: ClassVar[bool] = False
 
     def __init__(self, context: PassContext | None = None):
         super().__init__()
@@ -165,6 +180,69 @@ class DmlPass(ir.passes.InPlacePass):
         """Whether this run may change the element types of the graph's inputs and outputs
         (fp16 without keep_io_types, on request); names and order never change."""
         return False
+
+    # -- the template -----------------------------------------------------------
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        """Sites? -> skip? -> prologue -> rewrite -> undo if worse (onnx_ir runs requires/ensures around it)."""
+        sites = self.find_sites(model)
+        if sites is not None and not sites:
+            return ir.passes.PassResult(model, False)
+        if self.skip(model, sites):
+            return ir.passes.PassResult(model, False)
+        self.prepare(model, sites)
+        before = self.measure(model)
+        backup = model.clone() if before is not None else None
+        modified = self.rewrite(model)
+        if modified and backup is not None:
+            after = self.measure(model)
+            why = self.worse(before, after)
+            if why:
+                restore(model, backup)
+                self.sites = [s for s in self.sites if s.action != "rewrote"]
+                self.note(f"undone: {why}")
+                return ir.passes.PassResult(model, False)
+            if self.measured:
+                self.note(f"{self.measured}: {before} -> {after}")
+        return ir.passes.PassResult(model, bool(modified))
+
+    def find_sites(self, model: ir.Model) -> Sequence[ir.Node] | None:
+        """The nodes this pass may rewrite (none: `call` leaves the model as it is), or None: the whole graph."""
+        return None
+
+    def skip(self, model: ir.Model, sites: Sequence[ir.Node] | None) -> bool:
+        """Whether to leave the model as it is although it has sites (an option says keep; logs its own why)."""
+        return False
+
+    def prepare(self, model: ir.Model, sites: Sequence[ir.Node] | None) -> None:
+        """The declared prologue: node names, one shape-inference route, fresh names."""
+        if self.needs_names == "all" and any(not n.name for n in _every_node(model)) \
+                or self.needs_names == "sites" and any(not n.name for n in sites or ()):
+            common_passes.NameFixPass()(model)  # the site log is by node name
+        if self.needs_shapes != "none" and self.shapes_missing(sites):
+            if self.needs_shapes == "types":
+                shape_inference.infer_shapes(model)
+            else:
+                common_passes.ShapeInferencePass(strict_mode=self.needs_shapes == "onnx-strict")(model)
+        if self.needs_fresh_names:
+            self.fresh = fresh_names(model)
+
+    def shapes_missing(self, sites: Sequence[ir.Node] | None) -> bool:
+        """Whether the declared shape inference is needed (a pass that needs only its sites' shapes narrows it)."""
+        return True
+
+    def rewrite(self, model: ir.Model) -> bool:
+        """The pass's own work, in place; whether it modified the model."""
+        raise NotImplementedError
+
+    # Undo-if-worse: a pass that returns a number from `measure` is measured before and after `rewrite`;
+    # when `worse` gives a reason, the model is put back, its "rewrote" sites dropped, and the reason noted.
+    measured: ClassVar[str] = ""  # what `measure` counts, for the note "<measured>: before -> after"
+
+    def measure(self, model: ir.Model) -> Any:
+        return None
+
+    def worse(self, before: Any, after: Any) -> str | None:
+        return None
 
     # -- the site log ---------------------------------------------------------
     def rewrote(self, node: ir.Node | str, detail: str, **extra: Any) -> None:
@@ -252,6 +330,27 @@ def _every_node(model: ir.Model) -> Iterator[ir.Node]:
     yield from ir.traversal.RecursiveGraphIterator(model.graph)
     for function in model.functions.values():
         yield from ir.traversal.RecursiveGraphIterator(function)
+
+
+def fresh_names(model: ir.Model):
+    """A function returning names not yet used anywhere in `model` (initializer names must be unique)."""
+    used: set[str] = set()
+    for graph in model.graphs():
+        used.update(v.name for v in graph.inputs if v.name)
+        used.update(graph.initializers)
+        for node in graph:
+            used.update(v.name for v in node.outputs if v.name)
+    counter = [0]
+
+    def fresh(base: str) -> str:
+        name = base
+        while name in used:
+            counter[0] += 1
+            name = f"{base}_{counter[0]}"
+        used.add(name)
+        return name
+
+    return fresh
 
 
 def restore(model: ir.Model, backup: ir.Model) -> None:

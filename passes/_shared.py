@@ -44,27 +44,6 @@ class ReshapeNoOp(SiteRule):
         return op.Identity(x)
 
 
-def fresh_names(model: ir.Model):
-    """A function returning names not yet used anywhere in `model` (initializer names must be unique)."""
-    used: set[str] = set()
-    for graph in model.graphs():
-        used.update(v.name for v in graph.inputs if v.name)
-        used.update(graph.initializers)
-        for node in graph:
-            used.update(v.name for v in node.outputs if v.name)
-    counter = [0]
-
-    def fresh(base: str) -> str:
-        name = base
-        while name in used:
-            counter[0] += 1
-            name = f"{base}_{counter[0]}"
-        used.add(name)
-        return name
-
-    return fresh
-
-
 def unused_initializers(model: ir.Model) -> set[ir.Value]:
     return {v for graph in model.graphs() for v in graph.initializers.values()
             if not v.uses() and not v.is_graph_input() and not v.is_graph_output()}

@@ -36,10 +36,10 @@ the last axis, ops other than Reshape/Add/scalar scale between the scores and th
 (masks by Where, Casts), scale after a bias, probabilities read elsewhere, heads whose
 layout needs a copy, element types other than float/float16, DirectML before ORT 1.15.
 Option ``attention``: fuse | keep | auto (CUDA: keep in float32, fuse in float16; DirectML: fuse
-from ORT 1.15; CPU: keep; measured where the target's provider is present).  Measured (benchmarks/attention.py,
-float32): SAM ViT-B on an H200's CUDA EP ran 24.0 ms fused vs 22.0 ms kept (export: 21.5), as CUDA's
-float32 MHA with a full (B, N, S, T) bias gains nothing over MatMul+Softmax; what it gains
-on DirectML (one MHA operator instead of ~10 ops per block) is measured there with --tune.
+from ORT 1.15; CPU: keep; measured where the target's provider is present).  CUDA keeps float32
+attention because its float32 MHA with a full (B, N, S, T) bias gains nothing over MatMul+Softmax
+(benchmarks/attention.py; figures in benchmarks/README.md); what fusing gains on DirectML (one MHA
+operator instead of a block's chain of ops) is measured there with --tune.
 """
 
 from __future__ import annotations
@@ -425,7 +425,9 @@ class FuseAttention(SiteRule):
         return op.Reshape(per_head, ints(op, plan.out_shape))
 
 
-def transpose_count(model: ir.Model) -> int:
+def transposes_of_any_domain(model: ir.Model) -> int:
+    """Transposes of every domain in every graph; unlike _layout.transpose_count (ONNX domain only), it
+    also counts a contrib-domain Transpose, as this pass has always compared its rewire step by."""
     return sum(1 for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "Transpose")
 
 
@@ -445,35 +447,41 @@ class AttentionPass(DmlPass):
                    "dml": "one MultiHeadAttention operator instead of about ten per block"}),
     )
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        choice = self.resolved_option("attention")
-        if choice == "keep":
-            return ir.passes.PassResult(model, False)
-        if not any(n.op_type == "Softmax" for n in ir.traversal.RecursiveGraphIterator(model.graph)):
-            return ir.passes.PassResult(model, False)
+    needs_shapes = "onnx"
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        if self.resolved_option("attention") == "keep":
+            return []
+        return [n for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "Softmax"]
+
+    def skip(self, model: ir.Model, sites) -> bool:
         target = self.context.target
         if target.ep == "dml" and target.older_than(MHA_SINCE_DML):
             self.note(f"DirectML registers MultiHeadAttention from ORT 1.15; target is {target.ort_version}: "
                       "attention kept")
-            return ir.passes.PassResult(model, False)
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
+            return True
+        return False
+
+    def rewrite(self, model: ir.Model) -> bool:
+        """Fuse, then re-derive per-head tensors read outside attention; that second step alone is
+        undone (back to the fused model) when it would add Transposes."""
         self.rewires, self.new_nodes = [], set()
-        before = transpose_count(model)
+        before = transposes_of_any_domain(model)
         if not apply_rules(model, [FuseAttention.rule(self)]):
-            return ir.passes.PassResult(model, False)
+            return False
         model.opset_imports.setdefault("com.microsoft", 1)
         remove_unused_nodes(model)
         fused = model.clone()
         rewired = self._rewire_heads(model)
         self._tidy(model)
-        if rewired and transpose_count(model) > before:
+        if rewired and transposes_of_any_domain(model) > before:
             restore(model, fused)
             self._tidy(model)
             self.note("per-head tensors read outside attention kept their original layout chain")
         elif rewired:
             self.note(f"{rewired} per-head tensors read outside attention (e.g. rel-pos terms) re-derived "
                       "from the fused inputs")
-        return ir.passes.PassResult(model, True)
+        return True
 
     def _tidy(self, model: ir.Model) -> None:
         """Fold the layout chains around the fused nodes (case 3)."""

@@ -4,7 +4,7 @@ Cases:
   1. Foldable subgraphs (Shape of static values, arithmetic on constants) become
      constants; dead nodes, Identity and no-op nodes go (onnxscript.optimizer's passes).
   2. Folding may materialize large tensors (Expand, Tile, ConstantOfShape, Range on
-     constants).  Peers have grown models 5-10x this way.  Each fold is sized from the true
+     constants).  Other optimizers have grown models several-fold this way.  Each fold is sized from the true
      shapes of its inputs before anything is evaluated (``fold_refusal``): a result over the
      output limit stays an op, so a 300-byte Expand to [30000, 30000] allocates nothing.
      The result is then measured: if the initializers grew by more than 1% (``MAX_GROWTH``),
@@ -46,7 +46,8 @@ class CleanupPass(DmlPass):
     summary = "fold constants, drop dead nodes and identities (onnxscript optimizer); never grows the model >1%"
     order = 0.0
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def rewrite(self, model: ir.Model) -> bool:
+        """Its own undo-if-worse: each folding limit in turn, undone while it grows the model."""
         before_nodes = _count_nodes(model)
         before_bytes = initializer_bytes(model)
         budget = before_bytes * (1 + MAX_GROWTH) + 4096  # tiny models: allow a few scalars
@@ -70,7 +71,7 @@ class CleanupPass(DmlPass):
         modified = after_nodes != before_nodes or initializer_bytes(model) != before_bytes
         if modified:
             self.rewrote("<graph>", f"{before_nodes} -> {after_nodes} nodes")
-        return ir.passes.PassResult(model, modified)
+        return modified
 
     def _size_guard(self, limit: int) -> Callable[[ir.Node], bool | None]:
         """onnxscript's `should_fold`: False for a node whose result would be too big, else its own rules."""

@@ -32,9 +32,8 @@ negative pads, opset < 11 (no DepthToSpace mode).
 Option ``--conv-transpose keep|subpixel|auto``; ``auto`` is timed by ``dmlopt.tune`` on the
 target.  Without the target it means:
   - dml: ``subpixel``: the report's layer ran without a metacommand; a forward Conv gets one.
-  - cuda: ``subpixel``: measured faster on an H200 (benchmarks/cnn.py, onnxruntime-gpu 1.31.1,
-    k4 s2 p1 layer of the 7-layer CNN): 0.78x the original at 1080x1920, 0.83x at 256x256.
-  - cpu: ``keep``: measured 0.79x-1.07x on a shared 2-core machine, no clear gain.
+  - cuda: ``subpixel``: measured faster on an H200 (benchmarks/cnn.py; figures in benchmarks/README.md).
+  - cpu: ``keep``: no clear gain measured on a shared 2-core machine (benchmarks/cnn.py).
 """
 
 from __future__ import annotations
@@ -43,11 +42,10 @@ import dataclasses
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
-from dmlopt.passes._shared import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, fresh_names, regroup,
+from dmlopt.passes._shared import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, regroup,
                                    unused_initializers)
 
 # Elementwise activations DirectML fuses into a Conv (dml-facts.md section 4), ONNX domain.
@@ -238,24 +236,27 @@ class ConvTransposePass(DmlPass):
         return self.resolved_option("conv_transpose")
 
     def initializer(self, op, array: np.ndarray, base: str) -> ir.Value:
-        name = self._fresh(base or "subpixel_weight")
+        name = self.fresh(base or "subpixel_weight")
         return op.initializer(ir.tensor(np.ascontiguousarray(array), name=name), name=name)
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        sites = [n for n in all_nodes(model) if n.op_type == "ConvTranspose" and n.domain == ""]
-        if not sites:
-            return ir.passes.PassResult(model, False)
-        if self.choice() == "keep":
-            for node in sites:
-                self.kept(node, "conv_transpose=keep", strategy="keep")
-            return ir.passes.PassResult(model, False)
-        if any(not n.name for n in sites):
-            common_passes.NameFixPass()(model)  # the site log is by node name
-        self._fresh = fresh_names(model)
+    needs_names = "sites"
+    needs_fresh_names = True
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        return [n for n in all_nodes(model) if n.op_type == "ConvTranspose" and n.domain == ""]
+
+    def skip(self, model: ir.Model, sites) -> bool:
+        if self.choice() != "keep":
+            return False
+        for node in sites:
+            self.kept(node, "conv_transpose=keep", strategy="keep")
+        return True
+
+    def rewrite(self, model: ir.Model) -> bool:
         rules = [ConvTransposeToSubpixel.rule(self)]
         rules += [ActivatedConvTransposeToSubpixel.rule(self, a) for a in FUSABLE_ACTIVATIONS]
         unused_before = unused_initializers(model)
         count = apply_rules(model, rules)
         drop_orphaned_initializers(model, unused_before)
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0
 

@@ -46,7 +46,7 @@ from onnxscript.rewriter import pattern
 
 from dmlopt import placement
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
-from dmlopt.shape_inference import infer_shapes, sized_folds
+from dmlopt.shape_inference import sized_folds
 
 FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
 MS_DOMAIN = "com.microsoft"
@@ -252,11 +252,17 @@ class CopiesPass(DmlPass):
     def enabled(self) -> bool:
         return self.context.target.ep == "dml"
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def prepare(self, model: ir.Model, sites) -> None:
+        """The placement before the rewrite, for the report, is predicted on the model as it came."""
+        self._before = placement.predict(model, ort_version=self.context.target.table_version) \
+            if self.option("copies_report") == "on" else None
+        super().prepare(model, sites)
+
+    needs_shapes = "types"  # the rules check element types (no weight is serialized for it)
+
+    def rewrite(self, model: ir.Model) -> bool:
         data = placement.load_data(self.context.target.table_version)
-        report = self.option("copies_report") == "on"
-        before = placement.predict(model, ort_version=self.context.target.table_version) if report else None
-        infer_shapes(model)  # the rules check element types (no weight is serialized for it)
+        report, before = self._before is not None, self._before
         modified = self._fold_constant_ifs(model)
         modified |= self._drop_layer_norm_outputs(model)
         rules = [SplitSum.rule(self), SplitMax.rule(self), SplitMin.rule(self), SplitMean.rule(self),
@@ -274,7 +280,7 @@ class CopiesPass(DmlPass):
             after = placement.predict(model, ort_version=self.context.target.table_version)
             self.note(f"DirectML placement (ORT {data.version} model): " + _counts(before) + " -> " + _counts(after))
             self._report_left(model, after)
-        return ir.passes.PassResult(model, modified)
+        return modified
 
     def _report_left(self, model: ir.Model, after: placement.Placement) -> None:
         """What is still predicted on the CPU, grouped by reason; the first sites by name."""

@@ -33,17 +33,17 @@ Declined with a reason: repeated labels inside one operand (diagonals), an ellip
 unknown rank, element types MatMul does not take; kept: equations the target runs itself
 (DirectML ORT <= 1.18: the pattern table of dmlopt.einsum_support, e.g. ``bij,bjk->bik``).
 
-Targets (option ``einsum``: lower | keep | auto; figures from benchmarks/attention.py on SAM
-ViT-B's rel-pos shapes):
+Targets (option ``einsum``: lower | keep | auto; measured by benchmarks/attention.py on SAM
+ViT-B's rel-pos shapes, figures in benchmarks/README.md):
   - DirectML: ``lower``.  Before ORT 1.19 what is not in DirectML's table would run on the
     CPU; from 1.19 (and with no version given) every form MatMul expresses is lowered too.
-  - CPU: ``lower``: a block's two rel-pos Einsums ran 1.3-2.6x (global) and 0.9-1.1x
-    (windowed) as fast lowered as through ORT's CPU Einsum (2 shared cores, two runs).
-  - CUDA: ``keep``: ORT's CUDA Einsum beat every MatMul form on an H200 (lowered: x0.5-0.8).
+  - CPU: ``lower``: a block's two rel-pos Einsums ran faster lowered than through ORT's CPU
+    Einsum in global blocks and as fast in windowed ones.
+  - CUDA: ``keep``: ORT's CUDA Einsum beat every MatMul form on an H200.
   ``keep`` leaves every Einsum (the report says which ones the target runs on the CPU).
   Layout default ``largest-matmul`` (CUDA, CPU): on the H200 the transpose-free batch of
-  vector products ran 5-11x slower than Transposes around a GEMM (on the CPU the two were
-  within noise).  DirectML: ``by-size``, vector products only for contractions of at most
+  vector products ran several times slower than Transposes around a GEMM (on the CPU the two
+  were within noise).  DirectML: ``by-size``, vector products only for contractions of at most
   ``SMALL_CONTRACTION`` elements, where ops, not bytes, cost (each Transpose is a copy in
   DirectML's compiled graph); ``--tune`` measures all three on the target.
 """
@@ -58,7 +58,6 @@ from typing import Sequence, Union
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from onnxscript.rewriter import pattern
 
@@ -604,12 +603,14 @@ class EinsumPass(DmlPass):
                auto_default={"dml": "by-size", "cuda": "largest-matmul", "cpu": "largest-matmul"}),
     )
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        if not any(n.op_type == "Einsum" and n.domain in ("", "ai.onnx")
-                   for n in ir.traversal.RecursiveGraphIterator(model.graph)):
-            return ir.passes.PassResult(model, False)
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
+    needs_shapes = "onnx"
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        return [n for n in ir.traversal.RecursiveGraphIterator(model.graph)
+                if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]
+
+    def rewrite(self, model: ir.Model) -> bool:
         count = apply_rules(model, [LowerEinsum.rule(self)])
         if count:
             remove_unused_nodes(model)
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0

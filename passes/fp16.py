@@ -47,7 +47,6 @@ import dataclasses
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from dmlopt.names import numbered_name
 from dmlopt.passes._base import DmlPass, Option
@@ -110,11 +109,13 @@ class Fp16Pass(DmlPass):
     def enabled(self) -> bool:
         return bool(self.option("fp16"))
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    needs_shapes = "onnx-strict"
+
+    def skip(self, model: ir.Model, sites) -> bool:
         self.converted: list[str] = []  # names of the nodes that compute in float16 (the repair's candidates)
-        if not self.enabled():
-            return ir.passes.PassResult(model, False)
-        common_passes.ShapeInferencePass()(model)
+        return not self.enabled()
+
+    def rewrite(self, model: ir.Model) -> bool:
         converter = _Converter(self, model)
         modified = converter.run()
         self.converted = [node.name for node, plan in converter.plans.items() if plan.half]
@@ -124,7 +125,7 @@ class Fp16Pass(DmlPass):
         if modified:
             self.rewrote("<graph>", f"{converter.half_nodes} nodes in float16, {converter.kept_nodes} kept in float32, "
                                     f"{converter.casts} Casts inserted, {converter.converted_constants} constants converted")
-        return ir.passes.PassResult(model, modified)
+        return modified
 
 
 class _Converter:

@@ -88,11 +88,15 @@ class FreezeShapesPass(DmlPass):
     order = 10.0
     _inputs_changed = False  # set by _freeze_declared
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def skip(self, model: ir.Model, sites) -> bool:
+        """Checks the declared shapes; nothing declared: lists the free dims, and stops if nothing can fold."""
         shapes, dims = self.context.shapes, self.context.dims
-        values = check_shapes(model, shapes, dims)
-        if not shapes and not dims and self._report_free(model):
-            return ir.passes.PassResult(model, False)
+        self._values = check_shapes(model, shapes, dims)
+        return not shapes and not dims and self._report_free(model)
+
+    def rewrite(self, model: ir.Model) -> bool:
+        """Its own undo-if-worse: a fold that grows the model is undone but the declared shapes stay."""
+        shapes, dims, values = self.context.shapes, self.context.dims, self._values
         before = _census(model)
         size_before = _model_bytes(model)
         limit = size_before * (1 + MAX_GROWTH) + SLACK
@@ -112,10 +116,9 @@ class FreezeShapesPass(DmlPass):
         after = _census(model)
         if not shapes and not dims and after.computing == before.computing:  # case 7, nothing folded
             restore(model, backup)
-            return ir.passes.PassResult(model, False)
+            return False
         self._report(model, before, after, undone)
-        modified = self._inputs_changed or (before.nodes, before.dynamic) != (after.nodes, after.dynamic)
-        return ir.passes.PassResult(model, modified)
+        return self._inputs_changed or (before.nodes, before.dynamic) != (after.nodes, after.dynamic)
 
     # -- steps ----------------------------------------------------------------------
     def _freeze_declared(self, model: ir.Model, shapes: Mapping[str, Sequence[int]],

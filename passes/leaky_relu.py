@@ -1,7 +1,7 @@
 """leaky-relu: LeakyRelu in forms that DirectML can fuse, one strategy for the whole model.
 
 On some GPUs and drivers DirectML runs Conv through a vendor metacommand that fuses Relu but not
-LeakyRelu (DirectML issue #138: the 7-layer CNN ran 33 ms where ~11 ms was expected).  What
+LeakyRelu (DirectML issue #138: the 7-layer CNN ran far slower than its Relu twin).  What
 fuses depends on hardware and driver, so this pass offers exact rewrites and ``dmlopt.tune``
 picks among them by timing on the target.  ``a`` is LeakyRelu's alpha, ``z`` its input.
 
@@ -48,12 +48,11 @@ exists.  Where it does not, ``auto_default`` applies:
     does not fuse LeakyRelu; its price is a second Conv (twice the MACs) and one Add per site.
     decompose and relu-split leave the Conv unfused plus 2-4 elementwise passes; channel-fold
     doubles both neighbours' channels (4x the MACs of a Conv between two folded sites).  On
-    drivers that do fuse LeakyRelu, ``keep`` is faster, by up to the ~1.7x that the doubled
-    Conv work costs where nothing fuses (H200 figure below): tune on the target.
+    drivers that do fuse LeakyRelu, ``keep`` is faster, by up to what the doubled Conv work
+    costs where nothing fuses (benchmarks/cnn.py): tune on the target.
   - cuda, cpu: ``keep``.  The CUDA EP fuses no activation into Conv and the CPU EP fuses
-    LeakyRelu into its Conv itself, so every rewrite only adds work.  Measured with
-    benchmarks/cnn.py on an H200 (CUDA EP, 1080x1920, ratio to the original): the Relu twin 1.00,
-    decompose 1.15, relu-split 1.35, channel-fold 1.47, conv-split 1.71.
+    LeakyRelu into its Conv itself, so every rewrite only adds work (benchmarks/cnn.py on an
+    H200; figures in benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -63,13 +62,11 @@ from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules
-from dmlopt.passes._shared import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, fresh_names, regroup,
+from dmlopt.passes._shared import (FLOAT_TYPES, all_nodes, drop_orphaned_initializers, regroup,
                                    unused_initializers)
-from dmlopt.shape_inference import infer_shapes
 
 STRATEGIES = ("keep", "decompose", "relu-split", "conv-split", "channel-fold")
 DEFAULT_ALPHA = 0.01  # the ONNX default of LeakyRelu's alpha
@@ -454,29 +451,34 @@ class LeakyReluPass(DmlPass):
         return self.resolved_option("leaky_relu")
 
     def initializer(self, op, array: np.ndarray, base: str) -> ir.Value:
-        name = self._fresh(base or "leaky_relu_weight")
+        name = self.fresh(base or "leaky_relu_weight")
         return op.initializer(ir.tensor(np.ascontiguousarray(array), name=name), name=name)
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    needs_names = "sites"
+    needs_shapes = "types"  # the scalars need the input type
+    needs_fresh_names = True
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        self.strategy()  # resolved (and an untuned "auto" noted) whether or not the model has sites
+        return [node for node in all_nodes(model) if node.op_type == "LeakyRelu"]
+
+    def skip(self, model: ir.Model, sites) -> bool:
+        if self.strategy() != "keep":
+            return False
+        for node in sites:
+            self.kept(node, "leaky_relu=keep", strategy="keep", alpha=leaky_alpha(node))
+        return True
+
+    def shapes_missing(self, sites) -> bool:
+        return any(node.inputs[0].dtype is None and node.outputs[0].dtype is None for node in sites)
+
+    def rewrite(self, model: ir.Model) -> bool:
         strategy = self.strategy()
-        if not any(node.op_type == "LeakyRelu" for node in all_nodes(model)):
-            return ir.passes.PassResult(model, False)
-        if strategy == "keep":
-            for node in all_nodes(model):
-                if node.op_type == "LeakyRelu":
-                    self.kept(node, "leaky_relu=keep", strategy="keep", alpha=leaky_alpha(node))
-            return ir.passes.PassResult(model, False)
-        leaky = [node for node in all_nodes(model) if node.op_type == "LeakyRelu"]
-        if any(not node.name for node in leaky):
-            common_passes.NameFixPass()(model)  # the site log is by node name
-        if any(node.inputs[0].dtype is None and node.outputs[0].dtype is None for node in leaky):
-            infer_shapes(model)  # the scalars need the input type
-        self._fresh = fresh_names(model)
         unused_before = unused_initializers(model)
         count = apply_rules(model, _rules(strategy, self))
         drop_orphaned_initializers(model, unused_before)
         self._decline_unmatched(model, strategy)
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0
 
     def _decline_unmatched(self, model: ir.Model, strategy: str) -> None:
         """Every LeakyRelu left that no rule looked at gets the reason no pattern fitted."""

@@ -44,8 +44,10 @@ class LinearGemmPass(DmlPass):
     summary = "Linear layers (MatMul + bias) on static shapes -> Gemm, the MLP on 2-D rows (ORT's MatMulAddFusion, once)"
     order = 65.0
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def prepare(self, model: ir.Model, sites) -> None:
         infer_static_dims(model)  # static dims where onnx can tell (freeze-shapes leaves them all set)
+
+    def rewrite(self, model: ir.Model) -> bool:
         count = 0
         rules = [LinearToGemm.rule(self), LinearToGemm.rule(self, bias_first=True)]
         merges = [common_rules.reshape_reshape_rule, ReshapeNoOp.rule(self)]
@@ -62,7 +64,7 @@ class LinearGemmPass(DmlPass):
             common_passes.DeduplicateInitializersPass()(model)  # the Reshape shapes of equal sites
             common_passes.NameFixPass()(model)
             infer_static_dims(model)  # the new Reshape/Gemm values
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0
 
 
 class LinearToGemm(SiteRule):

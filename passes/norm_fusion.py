@@ -37,14 +37,12 @@ from typing import Iterator
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter.ort_fusions.rms_normalization import RmsNormFusion
 from onnxscript.rewriter.ort_fusions.skip_normalization import SkipLayerNormFusion
 
 from dmlopt import placement
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._shared import all_nodes, show_shape
-from dmlopt.shape_inference import infer_shapes
 from dmlopt.target import DEFAULT_TARGET
 
 MS_DOMAIN = "com.microsoft"
@@ -288,16 +286,18 @@ class NormFusionPass(DmlPass):
                "target), fuse (every exact site the target has a kernel for), keep", choices=("auto", "fuse", "keep")),
     )
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    needs_names = "all"
+    needs_shapes = "types"  # the checks need static shapes
+
+    def skip(self, model: ir.Model, sites) -> bool:
         mode = self.option("norm_fusion")
-        if mode == "keep" or self.context.target.ep == "cpu" and mode == "auto":
-            return ir.passes.PassResult(model, False)
-        candidates = [n for n in all_nodes(model) if n.op_type in ("LayerNormalization", "ReduceMean")]
-        if not candidates:
-            return ir.passes.PassResult(model, False)
-        if any(not n.name for n in all_nodes(model)):
-            common_passes.NameFixPass()(model)  # the site log is by node name
-        infer_shapes(model)  # the checks need static shapes
+        return mode == "keep" or self.context.target.ep == "cpu" and mode == "auto"
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        return [n for n in all_nodes(model) if n.op_type in ("LayerNormalization", "ReduceMean")]
+
+    def rewrite(self, model: ir.Model) -> bool:
+        mode = self.option("norm_fusion")
         data = placement.load_data(self.context.target.table_version) if self.context.target.ep == "dml" else None
         rules = [RmsNormToSimplifiedLayerNorm.rule(self, f"RmsNorm{k}", order, mode, data)
                  for k, order in enumerate((False, True))]
@@ -315,4 +315,4 @@ class NormFusionPass(DmlPass):
             _empty_unused_outputs(model)
             if self.context.target.ep == "dml" or any(n.domain == MS_DOMAIN for n in all_nodes(model)):
                 model.opset_imports.setdefault(MS_DOMAIN, 1)
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from dmlopt import placement
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
@@ -220,24 +219,26 @@ class OpVersionsPass(DmlPass):
     def enabled(self) -> bool:
         return self.context.target.ep == "dml"
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    needs_names = "sites"
+    needs_shapes = "onnx"
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        if _onnx_opset(model) is None:
+            return []
+        return [n for n in all_nodes(model) if n.domain in ("", "ai.onnx")
+                and n.op_type in ("GroupNormalization", "GridSample")]
+
+    def shapes_missing(self, sites) -> bool:
+        return any(n.inputs[0] is not None and n.inputs[0].shape is None for n in sites)
+
+    def rewrite(self, model: ir.Model) -> bool:
         opset = _onnx_opset(model)
-        if opset is None:
-            return ir.passes.PassResult(model, False)
         data = placement.load_data(self.context.target.table_version)
-        targets = [n for n in all_nodes(model) if n.domain in ("", "ai.onnx")
-                   and n.op_type in ("GroupNormalization", "GridSample")]
-        if not targets:
-            return ir.passes.PassResult(model, False)
-        if any(not n.name for n in targets):
-            common_passes.NameFixPass()(model)  # the site log is by node name
-        if any(n.inputs[0] is not None and n.inputs[0].shape is None for n in targets):
-            common_passes.ShapeInferencePass(strict_mode=False)(model)
         count = 0
-        if any(n.op_type == "GroupNormalization" for n in targets):
+        if any(n.op_type == "GroupNormalization" and n.domain in ("", "ai.onnx") for n in all_nodes(model)):
             count += apply_rules(model, [GroupNormToInstanceNorm.rule(self, opset, data)])
         count += self._lower_grid_sample(model, opset, data)
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0
 
     def _lower_grid_sample(self, model: ir.Model, opset: int, data: placement.DmlData) -> int:
         registered = placement.registered_versions(data, "", "GridSample")

@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
 from dmlopt.passes._shared import FLOAT_TYPES, all_nodes
@@ -81,13 +80,14 @@ class PReluPass(DmlPass):
     summary = "PRelu with one slope value -> LeakyRelu (DirectML fuses LeakyRelu, never PRelu)"
     order = 20.0
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        prelus = [n for n in all_nodes(model) if n.op_type == "PRelu"]
-        if not prelus:
-            return ir.passes.PassResult(model, False)
-        if any(not n.name for n in prelus):
-            common_passes.NameFixPass()(model)  # the site log is by node name
-        if any(n.inputs[0].shape is None for n in prelus):
-            common_passes.ShapeInferencePass(strict_mode=False)(model)  # the broadcast check needs x's shape
-        count = apply_rules(model, [PReluToLeakyRelu.rule(self)])
-        return ir.passes.PassResult(model, count > 0)
+    needs_names = "sites"
+    needs_shapes = "onnx"  # the broadcast check needs x's shape
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        return [n for n in all_nodes(model) if n.op_type == "PRelu"]
+
+    def shapes_missing(self, sites) -> bool:
+        return any(n.inputs[0].shape is None for n in sites)
+
+    def rewrite(self, model: ir.Model) -> bool:
+        return apply_rules(model, [PReluToLeakyRelu.rule(self)]) > 0

@@ -27,7 +27,6 @@ import math
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
@@ -195,18 +194,18 @@ class RelPosBiasPass(DmlPass):
                auto_default={"cuda": "fold", "dml": "keep", "cpu": "keep"}),
     )
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    needs_names = "sites"
+    needs_shapes = "onnx"
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        if self.resolved_option("relpos_bias") == "keep":
+            return []
+        return [n for n in ir.traversal.RecursiveGraphIterator(model.graph)
+                if n.op_type == "MultiHeadAttention" and n.domain == "com.microsoft"]
+
+    def rewrite(self, model: ir.Model) -> bool:
         choice = self.resolved_option("relpos_bias")
-        if choice == "keep":
-            return ir.passes.PassResult(model, False)
-        nodes = [n for n in ir.traversal.RecursiveGraphIterator(model.graph)
-                 if n.op_type == "MultiHeadAttention" and n.domain == "com.microsoft"]
-        if not nodes:
-            return ir.passes.PassResult(model, False)
-        if any(not n.name for n in nodes):
-            common_passes.NameFixPass()(model)  # the site log is by node name
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
         count = apply_rules(model, [FoldRelPosBias.rule(self, pad_v=choice == "fold-pad-v")])
         if count:
             remove_unused_nodes(model)
-        return ir.passes.PassResult(model, count > 0)
+        return count > 0

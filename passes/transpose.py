@@ -45,7 +45,7 @@ import onnxscript.rewriter.rules.common as onnxscript_rules
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets as fused_matmul
 
-from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
+from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._layout import (BINARY, REDUCE, SOFTMAX, UNARY, CollapseLayoutChain, inverse, rank_of, reduce_axes,
                                    transpose_count)
 from dmlopt.passes._shared import constant_array
@@ -455,12 +455,20 @@ class TransposePass(DmlPass):
             rules += [SinkTranspose.rule(self, op_type, 0), SinkTranspose.rule(self, op_type, 1)]
         return rules
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        before = transpose_count(model)
-        if before == 0:
-            return ir.passes.PassResult(model, False)
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
-        backup = model.clone()
+    needs_shapes = "onnx"
+    measured = "Transposes"
+
+    def find_sites(self, model: ir.Model) -> list[ir.Node]:
+        return [n for n in ir.traversal.RecursiveGraphIterator(model.graph)
+                if n.op_type == "Transpose" and n.domain in ("", "ai.onnx")]
+
+    def measure(self, model: ir.Model) -> int:
+        return transpose_count(model)
+
+    def worse(self, before: int, after: int) -> str | None:
+        return f"the rewrites would have left {after} Transposes where there were {before}" if after > before else None
+
+    def rewrite(self, model: ir.Model) -> bool:
         rules = self.rules()
         total = 0
         for _ in range(MAX_ROUNDS):
@@ -470,11 +478,4 @@ class TransposePass(DmlPass):
                 break
         common_passes.IdentityEliminationPass()(model)  # cancelled pairs leave Identity
         remove_unused_nodes(model)
-        after = transpose_count(model)
-        if after > before:
-            restore(model, backup)
-            self.sites = [s for s in self.sites if s.action != "rewrote"]
-            self.note(f"undone: the rewrites would have left {after} Transposes where there were {before}")
-            return ir.passes.PassResult(model, False)
-        self.note(f"Transposes: {before} -> {after}")
-        return ir.passes.PassResult(model, total > 0)
+        return total > 0

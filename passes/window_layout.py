@@ -37,10 +37,9 @@ Cases:
 Cost: the per-token ops of a merged stretch also run on the padded tokens ((Hp*Wp)/(H*W) - 1
 more work there: 20% for SAM at 1024 px, 64 -> 70 tokens a side).  Option ``window_layout``:
 merge | keep | auto (timed on the target with --tune; untimed: merge for DirectML and CUDA,
-keep for the CPU).  Measured (benchmarks/attention.py, fp32, same run, attention kept): on an
-H200's CUDA EP SAM ran faster merged at every size, 64 px x1.04, 256 px x1.04, ViT-B at 512 px
-x1.03, at 1024 px x1.06 (21.96 -> 20.64 ms); on 2 CPU cores the 256 px SAM (16 -> 21 tokens a
-side: 72% more MLP work between the merged blocks) ran slower (39.5 -> 57.0 ms).
+keep for the CPU: on an H200's CUDA EP SAM ran faster merged at every size, on 2 CPU cores a
+256 px SAM, whose padding adds much MLP work, ran slower; benchmarks/attention.py, figures in
+benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 import onnxscript.rewriter.rules.common as onnxscript_rules
 
-from dmlopt.passes._base import DmlPass, Option, apply_rules, remove_unused_nodes, restore
+from dmlopt.passes._base import DmlPass, Option, apply_rules, remove_unused_nodes
 from dmlopt.passes._layout import (BINARY, REDUCE, SOFTMAX, UNARY, CollapseLayoutChain, NotAView, View, const_ints,
                                    inverse, merge_contiguous, reduce_axes, static_shape, trace, transpose_count)
 
@@ -520,13 +519,20 @@ class WindowLayoutPass(DmlPass):
                auto_default={"dml": "merge", "cuda": "merge", "cpu": "keep"}),
     )
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        if self.resolved_option("window_layout") == "keep":
-            return ir.passes.PassResult(model, False)
+    needs_shapes = "onnx"
+    measured = "Transposes"
+
+    def skip(self, model: ir.Model, sites) -> bool:
+        return self.resolved_option("window_layout") == "keep"
+
+    def measure(self, model: ir.Model) -> int:
+        return transpose_count(model)
+
+    def worse(self, before: int, after: int) -> str | None:
+        return f"{after} Transposes where there were {before}" if after >= before else None
+
+    def rewrite(self, model: ir.Model) -> bool:
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 17))
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
-        before = transpose_count(model)
-        backup = model.clone()
         changed, done = False, set()
         while True:  # one geometry at a time; sites are found again after each rewrite
             partitions, merges = find_sites(model.graph, opset)
@@ -538,21 +544,14 @@ class WindowLayoutPass(DmlPass):
             changed |= self._merge(model, window, [p for p in partitions if p.window == window],
                                    [m for m in merges if m.window == window], opset)
         if not changed:
-            return ir.passes.PassResult(model, False)
+            return False
         remove_unused_nodes(model)
         tidy = [CollapseLayoutChain.rule(None, "Transpose"), CollapseLayoutChain.rule(None, "Reshape"),
                 onnxscript_rules.reshape_reshape_rule]
         common_passes.ShapeInferencePass(strict_mode=False)(model)
         apply_rules(model, tidy)
         remove_unused_nodes(model)
-        after = transpose_count(model)
-        if after >= before:
-            restore(model, backup)
-            self.sites = [s for s in self.sites if s.action != "rewrote"]
-            self.note(f"undone: {after} Transposes where there were {before}")
-            return ir.passes.PassResult(model, False)
-        self.note(f"Transposes: {before} -> {after}")
-        return ir.passes.PassResult(model, True)
+        return True
 
     def _merge(self, model: ir.Model, window: Window, partitions: list[Partition], merges: list[Merge],
                opset: int) -> bool:
