@@ -28,6 +28,11 @@ copies that follow are predicted), and is left unchecked otherwise.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import onnx_ir as ir
@@ -240,19 +245,40 @@ def _data_dependent(nodes: list[ir.Node], labels: dict[int, str]) -> list[dict[s
 
 # -- CUDA -------------------------------------------------------------------------------------
 
-def _cuda_kernels() -> dict[tuple[str, str], list[tuple[int, int]]] | None:
-    """(domain, op) -> since-version ranges of this onnxruntime build's CUDA kernels; None when the
-    build has no CUDA kernels (the CPU wheel)."""
+# Run in a child process: on onnxruntime-gpu builds the registry query loads every provider library,
+# and where one is missing (TensorRT's, as a plain pip install leaves it) it crashes the process.
+_KERNEL_QUERY = """import json, sys
+from onnxruntime.capi import onnxruntime_pybind11_state as capi
+json.dump([[k.domain, k.op_name, list(k.version_range)] for k in capi.get_all_opkernel_def()
+           if k.provider == "CUDAExecutionProvider"], sys.stdout)
+"""
+
+
+def _query_cuda_kernels(code: str) -> dict[tuple[str, str], list[tuple[int, int]]] | str:
+    """(domain, op) -> since-version ranges of CUDA kernels, printed as JSON by `code` in a child
+    process; or why there are none (a crash of the query cannot end this process)."""
     try:
-        # inside the try: a build may lack the registry query
-        defs = runtime.ort().capi.onnxruntime_pybind11_state.get_all_opkernel_def()
-    except Exception:  # noqa: BLE001 - no onnxruntime, or a build without the registry query
-        return None
+        env = {**os.environ, "ORT_DISABLE_TELEMETRY": os.environ.get("ORT_DISABLE_TELEMETRY", "1")}  # as runtime.ort()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the kernel registry query did not finish ({type(e).__name__})"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"the kernel registry query failed (exit {done.returncode}: {last[:200]})"
+    try:
+        rows = json.loads(done.stdout)
+    except ValueError:
+        return "the kernel registry query printed no kernel list"
     found: dict[tuple[str, str], list[tuple[int, int]]] = {}
-    for k in defs:
-        if k.provider == "CUDAExecutionProvider":
-            found.setdefault((placement_mod._domain(k.domain), k.op_name), []).append(tuple(k.version_range))
-    return found or None
+    for domain, op, (lo, hi) in rows:
+        found.setdefault((placement_mod._domain(domain), op), []).append((int(lo), int(hi)))
+    return found or "this onnxruntime build has no CUDA kernels (install onnxruntime-gpu)"
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_kernels() -> dict[tuple[str, str], list[tuple[int, int]]] | str:
+    """This onnxruntime build's CUDA kernels (once a process), or why they are unknown."""
+    return _query_cuda_kernels(_KERNEL_QUERY)
 
 
 def _ort_build_version() -> str:
@@ -266,9 +292,8 @@ def _cuda_placement(work: ir.Model, nodes: list[ir.Node], labels: dict[int, str]
     """(version, basis, cpu nodes, copy edges) for the CUDA EP, from this build's kernel registry."""
     build = _ort_build_version()
     kernels = _cuda_kernels()
-    if kernels is None:
-        return (ort_version or build, "CUDA kernel coverage not checked: this onnxruntime build has no CUDA "
-                "kernels (install onnxruntime-gpu)", {}, [])
+    if isinstance(kernels, str):
+        return (ort_version or build, f"CUDA kernel coverage not checked: {kernels}", {}, [])
     opsets = dict(work.opset_imports)
     cpu: dict[str, Any] = {}
     for n in nodes:

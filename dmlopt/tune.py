@@ -1,8 +1,9 @@
 """Choosing among the variants the passes offer, by timing them as they would be written.
 
 Passes only offer variants (an option with ``tunable=True``); this module measures them.
-Which options are chosen here:
-  1. a tunable option left at ``auto``;
+Which options are measured here:
+  1. a tunable option the user set to ``auto`` (one left at its ``auto`` default takes its documented
+     default without ``--tune``: a plain optimize times nothing but the result);
   2. with ``--tune``, every tunable option the user did not set, even one whose default is
      not ``auto`` (fp16: off/on); the target provider must be on this machine
      (``require_target`` raises before any work).
@@ -128,7 +129,15 @@ def resolve(order: Sequence[Step], original: ir.Model, context: PassContext, run
         return Outcome({}, [])
     target = context.target.ep
     if validate_output and runtime.has_target(target):
-        return _Tuner(order, original, context, run, dict(check or {}), progress).tune()
+        tuning = context.engine.tune
+        timed = [s for s in order if tuning or context.options.get(s.option.name) == "auto"]
+        untimed = _documented_defaults([s for s in order if s not in timed], context,
+                                       "not timed: left at auto without --tune (set it to auto, or --tune, to measure)")
+        if not timed:
+            return untimed
+        fixed = dataclasses.replace(context, options={**context.options, **untimed.options})
+        outcome = _Tuner(timed, original, fixed, run, dict(check or {}), progress).tune()
+        return Outcome({**untimed.options, **outcome.options}, untimed.records + outcome.records, outcome.only)
     if context.engine.tune:
         require_target(target)
     if not validate_output:

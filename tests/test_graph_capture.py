@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import graph_capture, inspection, placement, placement_folding
+from dmlopt import graph_capture, inspection, placement, placement_folding, runtime
 from dmlopt.graph_capture import graph_capture_readiness
 from tests.conftest import conv_leaky_model
 
@@ -105,10 +105,27 @@ def test_constant_input_shapes_are_not_data_dependent():
 
 
 def test_cuda_without_cuda_build_says_it_did_not_check(monkeypatch):
-    monkeypatch.setattr(graph_capture, "_cuda_kernels", lambda: None)
+    monkeypatch.setattr(graph_capture, "_cuda_kernels", lambda: "this build has no CUDA kernels")
     r = graph_capture_readiness(dmlopt.load(conv_leaky_model(batch=1)), "cuda")
     assert r.ready and "not checked" in r.basis
     assert "not checked" in r.line()
+
+
+def test_a_crashing_kernel_query_does_not_end_the_process():
+    """onnxruntime-gpu without TensorRT's library segfaults in get_all_opkernel_def: the query runs apart."""
+    why = graph_capture._query_cuda_kernels("import os; os.abort()")
+    assert isinstance(why, str) and "failed" in why
+
+
+def test_the_kernel_query_reads_the_child_s_list():
+    code = "import json, sys; json.dump([['', 'Relu', [14, 2147483647]], ['com.microsoft', 'Gelu', [1, 1]]], sys.stdout)"
+    assert graph_capture._query_cuda_kernels(code) == {("", "Relu"): [(14, 2**31 - 1)],
+                                                        ("com.microsoft", "Gelu"): [(1, 1)]}
+
+
+@pytest.mark.skipif(runtime.has_target("cuda"), reason="the CUDA provider is here")
+def test_the_cpu_build_has_no_cuda_kernels():
+    assert "no CUDA kernels" in graph_capture._query_cuda_kernels(graph_capture._KERNEL_QUERY)
 
 
 def test_cuda_registry_places_nodes_without_kernels_on_cpu(monkeypatch):

@@ -167,6 +167,16 @@ def test_candidates_are_timed_as_written_in_float16(monkeypatch, attention_model
     assert is_fused(result.model) and is_half(result.model)
 
 
+def test_an_option_left_at_auto_takes_its_default_untimed_without_tune(monkeypatch, attention_model):
+    """Only an explicit `auto` or --tune measures: a plain optimize on the target times no candidates."""
+    timer = fake_timer(monkeypatch, sam_like)
+    result = dmlopt.optimize(attention_model, target="cpu", fp16=True, retime=False)
+    assert result.passed and timer.calls == []
+    record = choice(result, "attention")
+    assert record["how"].startswith("not timed: left at auto") and record["candidates"] == {}
+    assert record["choice"] == attention_option().default_for("cpu", "float16") == "keep"  # timing says fuse
+
+
 def test_with_tune_the_precision_is_decided_first(monkeypatch, attention_model):
     timer = fake_timer(monkeypatch, sam_like)
     result = dmlopt.optimize(attention_model, target="cpu", tune=True, retime=False)
