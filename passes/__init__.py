@@ -23,6 +23,7 @@ _MODULES = [
     "attention",
     "window_layout",
     "relpos_attention",
+    "pad_concat",
     "linear_gemm",
     "norm_fusion",
     "copies",
