@@ -37,7 +37,7 @@ class PadToConcat(SiteRule):
         shape = [int(d) for d in x.shape.dims]
         rank = len(shape)
         p = pads.const_value.numpy().astype(np.int64).reshape(-1)
-        value = _fill_value(node, x)
+        value = _fill_value(node)
         fill = op.Constant(value=ir.tensor(np.array(value, dtype=x.dtype.numpy())))
         out = x
         padded_axes = []
@@ -58,7 +58,8 @@ class PadToConcat(SiteRule):
         return out
 
 
-def _fill_value(node: ir.Node, x: ir.Value):
+def _fill_value(node: ir.Node):
+    """The pad value (an absent or empty value input pads with 0)."""
     value = node.inputs[2] if len(node.inputs) > 2 else None
     if value is None:
         return 0
