@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import string
 
-from dmlopt.target import parse_version  # noqa: F401  (re-exported: callers import it from here)
+from dmlopt.target import parse_version
 
 GENERIC_SINCE = (1, 19)
 NHCW_SINCE = (1, 14)

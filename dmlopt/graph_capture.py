@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import subprocess
 import sys
 from typing import Any
@@ -39,8 +38,7 @@ import onnx_ir as ir
 
 from dmlopt import placement as placement_mod
 from dmlopt import runtime
-from dmlopt.einsum_support import parse_version
-from dmlopt.target import Target
+from dmlopt.target import Target, parse_version
 from dmlopt.errors import UsageError
 
 __all__ = ["Readiness", "graph_capture_readiness", "DML_CAPTURE_SINCE"]
@@ -258,8 +256,8 @@ def _query_cuda_kernels(code: str) -> dict[tuple[str, str], list[tuple[int, int]
     """(domain, op) -> since-version ranges of CUDA kernels, printed as JSON by `code` in a child
     process; or why there are none (a crash of the query cannot end this process)."""
     try:
-        env = {**os.environ, "ORT_DISABLE_TELEMETRY": os.environ.get("ORT_DISABLE_TELEMETRY", "1")}  # as runtime.ort()
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env=runtime.child_environment())
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"the kernel registry query did not finish ({type(e).__name__})"
     if done.returncode != 0:

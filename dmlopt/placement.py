@@ -35,7 +35,7 @@ import onnx_ir as ir
 from dmlopt.einsum_support import einsum_supported
 from dmlopt.placement_copies import _copies
 from dmlopt.placement_cpu import _cpu_preferred, _int64_source_check
-from dmlopt.placement_data import DmlData, Registration, _domain, available_versions, load_data, resolve_version
+from dmlopt.placement_data import DmlData, Registration, _domain, load_data
 from dmlopt.placement_folding import UNFOLDED_KEY, prepare, prepared_graph
 from dmlopt.placement_kernels import (
     _kernel,
@@ -49,6 +49,7 @@ from dmlopt.placement_kernels import (
 )
 from dmlopt.placement_nodes import _constant_values, _Node, _op_name, _static_shape, graph_attributes, node_label
 from dmlopt.placement_partitions import _partitions
+from dmlopt.target import available_versions, resolve_version
 
 __all__ = ["Placement", "available_versions", "einsum_supported", "load_data", "predict", "summary_table"]
 # The other names imported above stay reachable as placement.NAME for the callers that use them

@@ -12,9 +12,7 @@ import importlib.resources
 import json
 from typing import Any
 
-from dmlopt.target import available_versions, resolve_version
-
-# available_versions and resolve_version (the newest table at or below a version) live in dmlopt.target.
+from dmlopt.target import resolve_version  # the newest table at or below a version
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,13 +36,19 @@ AUTO_ORDER = ("dml", "cuda", "cpu")
 # keeps a session file (.ses) in TMPDIR: dmlopt leaves nothing behind, so it is off unless the user
 # set the switch. It must be set before the import: disable_telemetry_events() comes too late.
 TELEMETRY_SWITCH = "ORT_DISABLE_TELEMETRY"
+TELEMETRY_OFF = "1"
 
 
 def ort():
-    os.environ.setdefault(TELEMETRY_SWITCH, "1")
+    os.environ.setdefault(TELEMETRY_SWITCH, TELEMETRY_OFF)
     import onnxruntime  # lazily: commands that never run a model start without loading it
 
     return onnxruntime
+
+
+def child_environment() -> dict[str, str]:
+    """The environment for a child process that imports onnxruntime: telemetry off as in `ort`."""
+    return {TELEMETRY_SWITCH: TELEMETRY_OFF, **os.environ}
 
 
 def available_providers() -> list[str]:

@@ -123,6 +123,18 @@ def test_the_kernel_query_reads_the_child_s_list():
                                                         ("com.microsoft", "Gelu"): [(1, 1)]}
 
 
+@pytest.mark.parametrize("set_by_user", [None, "0"])
+def test_the_kernel_query_child_has_telemetry_off_unless_the_user_set_it(monkeypatch, set_by_user):
+    """The child imports onnxruntime: it gets runtime.ort()'s switch (no .ses file in TMPDIR), the user's if set."""
+    if set_by_user is None:
+        monkeypatch.delenv(runtime.TELEMETRY_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(runtime.TELEMETRY_SWITCH, set_by_user)
+    code = (f"import json, os, sys; json.dump([['', os.environ.get({runtime.TELEMETRY_SWITCH!r}, 'unset'), "
+            "[1, 1]]], sys.stdout)")
+    assert graph_capture._query_cuda_kernels(code) == {("", set_by_user or runtime.TELEMETRY_OFF): [(1, 1)]}
+
+
 @pytest.mark.skipif(runtime.has_target("cuda"), reason="the CUDA provider is here")
 def test_the_cpu_build_has_no_cuda_kernels():
     assert "no CUDA kernels" in graph_capture._query_cuda_kernels(graph_capture._KERNEL_QUERY)
