@@ -27,7 +27,8 @@ Cases:
      d. control flow (If/Loop/Scan) with its bodies; outer values a body reads are cast
         back to float32 for it;
      e. ops outside the ONNX domain, except com.microsoft ops whose float tensors are all
-        one type (MultiHeadAttention, Attention, FusedMatMul, the GELU family, BiasAdd);
+        one type (MultiHeadAttention, Attention, FusedMatMul, the GELU family, BiasAdd) and
+        the skip normalizations, whose mean/inv_std_var outputs stay float32 (their schema's U);
      f. op types named in ``--fp16-keep-ops``, nodes named in ``--fp16-keep-nodes`` (what
         dmlopt's fp16 repair sets when float16 fails validation: dmlopt/fp16_repair.py).
   3. Initializers and Constants used only in float16 are converted in place (values beyond
@@ -58,6 +59,9 @@ INDEX_SOURCES = frozenset({"Shape", "Size"})
 # com.microsoft ops (no schema in onnx.defs) whose float tensors all share one type T.
 CONTRIB_ALL_T = frozenset({"MultiHeadAttention", "Attention", "FusedMatMul", "Gelu", "FastGelu", "BiasGelu",
                            "QuickGelu", "BiasAdd"})
+# com.microsoft ops with one float type T and float-only statistics (ORT's contrib schema: the
+# outputs mean and inv_std_var are U = float): every float input and these outputs turn float16.
+CONTRIB_T_OUTPUTS = {"SkipLayerNormalization": frozenset({0, 3}), "SkipSimplifiedLayerNormalization": frozenset({0, 3})}
 TYPE_ATTRIBUTES = ("dtype", "output_dtype")
 # Inputs whose *values* reach the output (the others only select, shape or index them);
 # index math flows through these only.  Not listed: every input.
@@ -200,6 +204,11 @@ class _Converter:
         if node.domain == "com.microsoft" and node.op_type in CONTRIB_ALL_T:
             plan.half_inputs = {i for i, v in enumerate(node.inputs) if v is not None and v.dtype == FULL}
             plan.half_outputs = {i for i, v in enumerate(node.outputs) if v.dtype == FULL}
+            return plan, ""
+        if node.domain == "com.microsoft" and node.op_type in CONTRIB_T_OUTPUTS:
+            plan.half_inputs = {i for i, v in enumerate(node.inputs) if v is not None and v.dtype == FULL}
+            plan.half_outputs = {i for i in CONTRIB_T_OUTPUTS[node.op_type]
+                                 if i < len(node.outputs) and node.outputs[i].dtype == FULL}
             return plan, ""
         return plan, f"{UNKNOWN}: {node.domain}.{node.op_type} (kept in float32)"
 

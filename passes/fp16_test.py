@@ -132,6 +132,28 @@ def test_layer_norm_statistics_stay_float32():
         np.testing.assert_allclose(got[name], ref[name], atol=2e-2, rtol=2e-2)
 
 
+def test_skip_layer_norm_runs_in_float16_with_float32_statistics():
+    """com.microsoft SkipLayerNormalization: T turns float16 (no Casts around it), U (mean) stays float32."""
+    model = ir.from_onnx_text("""<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[1,4,8] x, float[1,4,8] r) => (float[1,4,8] y, float[1,4,1] mean, float[1,4,8] s)
+        <float[8] g = {1,2,1,2,1,2,1,2}, float[8] b = {0,1,0,1,0,1,0,1}> {
+        a = Relu(x)
+        y, mean, inv, s = com.microsoft.SkipLayerNormalization(a, r, g, b) <epsilon: float = 1e-5> }""")
+    sln = nodes(model, "SkipLayerNormalization")[0]
+    sln.outputs[2].type = ir.TensorType(F32)  # inv_std_var: read by nobody, typed as ORT's shape inference would
+    out, p = convert(model)
+    sln = nodes(out, "SkipLayerNormalization")[0]
+    assert [v.dtype for v in sln.inputs] == [F16] * 4
+    assert [v.dtype if v is not None else None for v in sln.outputs] == [F16, F32, F32, F16]
+    assert not any(s.op == "SkipLayerNormalization" and s.action == "declined" for s in p.sites)
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal([1, 4, 8]).astype(np.float32) for n in ("x", "r")}
+    got, ref = run(out, feeds), run(model, feeds)
+    assert {k: v.dtype for k, v in got.items()} == {k: v.dtype for k, v in ref.items()}
+    for name in ("y", "mean", "s"):
+        np.testing.assert_allclose(got[name], ref[name], atol=2e-2, rtol=2e-2)
+
+
 def test_float_index_math_stays_float32():
     # n = Cast<float>(Shape(x)[1]); r = Range(0, n, 1) feeds Mul with data: Range has no float16 and the
     # index arithmetic (Cast, Div) stays float32; only the data path (Mul, Add) is float16.

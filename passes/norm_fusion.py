@@ -173,6 +173,8 @@ class AddLayerNormToSkipLayerNorm(_NormSite):
         kernel_shape = ir.Shape([1, int(np.prod(dims[:-1])), dims[-1]] if view else dims)
         for value in (normalized, skip_sum):
             value.type, value.shape = ir.TensorType(layer_norm.dtype or input.dtype), kernel_shape
+        for value in (mean, inv_std):  # unread; the schema's U is float32 whatever T is
+            value.type, value.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([*kernel_shape[:-1], 1])
         if view:
             back = op.Constant(value=ir.tensor(np.array(dims, dtype=np.int64)))
             normalized, skip_sum = op.Reshape(normalized, back), op.Reshape(skip_sum, back)
