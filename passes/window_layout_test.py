@@ -236,3 +236,17 @@ def test_bundled_sam_in_float16_keeps_the_masked_windows_valid():
     assert result.passed
     counts = result.report.output["op_counts"]
     assert counts["Where"] == 2 and counts["Transpose"] <= 8
+
+
+@pytest.mark.skipif(dmlopt.runtime.has_target("cuda"), reason="the CUDA provider is here: auto would be timed")
+@pytest.mark.parametrize("fp16, expected", [(False, "merge"), (True, "keep")])
+def test_cuda_default_follows_the_precision_written(fp16, expected):
+    """--target cuda without timing: merged in float32, kept in float16 (the padded tokens' MLP work)."""
+    from dmlopt.demo import bundled_path
+    model = dmlopt.load(bundled_path("sam_small.onnx"))
+    result = dmlopt.optimize(model, target="cuda", fp16=fp16, retime=False)
+    assert result.passed
+    (record,) = [c for c in result.report.choices if c["option"] == "window_layout"]
+    assert record["choice"] == expected and "measured on an H200" in record["default_from"]
+    window = next(p for p in result.report.to_dict()["passes"] if p["name"] == "window-layout")
+    assert window["modified"] == (expected == "merge")
