@@ -13,7 +13,12 @@ FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOU
 
 
 class Decline(Exception):
-    """A site cannot be rewritten exactly; the message says why (the site's reason in the report)."""
+    """A site cannot be rewritten exactly; the message says why (the site's reason in the report).
+
+    The one "decline this site, with this reason" exception of the passes.  Not-a-site is no
+    exception (a check returns early), and `_layout.NotAView` is the layout algebra's answer,
+    which a caller may turn into a Decline.
+    """
 
 
 def is_static(value: ir.Value | None) -> bool:
