@@ -82,16 +82,6 @@ def regroup(w: np.ndarray, groups: int) -> np.ndarray:
     return blocks.reshape(groups * cols, rows // groups, *spatial)
 
 
-def unique_name(graph: ir.Graph, name: str) -> str:
-    """`name`, or `name_N` with the smallest N, not yet taken by a value or initializer of `graph`."""
-    taken = {v.name for v in graph_values(graph)} | set(graph.initializers)
-    candidate, n = name, 0
-    while candidate in taken:
-        n += 1
-        candidate = f"{name}_{n}"
-    return candidate
-
-
 def graph_values(graph: ir.Graph):
     """The graph's inputs and every node output (not its initializers)."""
     yield from graph.inputs
