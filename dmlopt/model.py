@@ -390,10 +390,10 @@ def _lift_external_constants(graph: ir.Graph, base: pathlib.Path) -> None:
     large Constant is never read whole at load (nor by the checker, which sees large initializers
     as typed inputs).  A Constant that is a graph output stays a node (read below).
 
-    Not onnx_ir's LiftConstantsToInitializersPass (1.1): it keeps the ExternalTensor too, but it
-    also lifts every inline Constant of 16 elements or more (the passes and the op counts of the
-    report see those as nodes), skips a Constant whose domain is spelled "ai.onnx", and does not check that the
-    name is free among the initializers."""
+    Not onnx_ir's LiftConstantsToInitializersPass (1.1): it keeps the ExternalTensor too, but its
+    one size limit is for every Constant: by default it also lifts each inline Constant of 16
+    elements or more (the passes and the report's op counts see those as nodes) and leaves an
+    external one of fewer to be read; no limit selects the external ones only."""
     for node in list(graph):
         attr = node.attributes.get("value")
         if (node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or attr is None or attr.is_ref()
