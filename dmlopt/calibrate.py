@@ -174,7 +174,7 @@ def to_table(result: Mapping[str, Any], *, limit: int = 40) -> str:
             ("copies (Memcpy)", s["copies_predicted"], s["copies_actual"]),
             ("compiled DML partitions", s["partitions_predicted"], "-" if s["partitions_actual"] is None
              else s["partitions_actual"])]
-    lines.append(placement_mod._table(rows))
+    lines.append(placement_mod.clipped_table(rows))
     lines.append("")
     lines.append(f"nodes: {s['agree']} of {s['seen']} listed by ORT agree with the table; {s['not_listed']} not "
                  f"listed ({result['not_listed_means']})")
@@ -184,7 +184,7 @@ def to_table(result: Mapping[str, Any], *, limit: int = 40) -> str:
         rows = [("node", "op", "predicted", "actual", "table's reason")]
         for m in result["mismatches"][:limit]:
             rows.append((m["node"], m["op"], m["predicted"], m["actual_provider"], m.get("predicted_reason", "-")))
-        lines.append(placement_mod._table(rows))
+        lines.append(placement_mod.clipped_table(rows))
         if len(result["mismatches"]) > limit:
             lines.append(f"... and {len(result['mismatches']) - limit} more (the JSON lists all)")
     return "\n".join(lines)

@@ -3,7 +3,8 @@
 Exit codes: 0 ok, 1 a check failed (numerics), 2 bad input or usage.  Every error the
 user can act on is one line on stderr, never a traceback (DMLOPT_DEBUG=1 shows it).
 SIGTERM and SIGHUP (what `timeout`, `docker stop` and CI send) are handled like Ctrl-C: the
-cleanup of temporary files runs, nothing half-written is left.
+cleanup of temporary files runs, nothing half-written is left, and the message names the files
+that were already put in place (complete), or says that nothing was written.
 """
 
 from __future__ import annotations
@@ -68,6 +69,60 @@ def _signals_as_interrupts() -> Iterator[None]:
     finally:
         for name, handler in previous.items():
             signal.signal(getattr(signal, name), handler)
+
+
+class WrittenFiles:
+    """The files a command has put in place, so that an interrupt names them instead of saying
+    that nothing was written.  A file counts once it differs from what was there before the
+    write: a signal may arrive after the output's rename but before `save` returns."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    @contextlib.contextmanager
+    def writing(self, *paths: str | os.PathLike | None) -> Iterator[None]:
+        """Around one write of the files `paths` (None: no file)."""
+        before = {os.fspath(p): _identity(os.fspath(p)) for p in paths if p is not None}
+        try:
+            yield
+        finally:
+            for path, identity in before.items():
+                if _identity(path) not in (None, identity) and path not in self.paths:
+                    self.paths.append(path)
+
+    @contextlib.contextmanager
+    def writing_in(self, folder: str | os.PathLike) -> Iterator[None]:
+        """Around writes of files directly in `folder` (the demo's models)."""
+        folder = os.fspath(folder)
+        before = {p: _identity(p) for p in _files_in(folder)}
+        try:
+            yield
+        finally:
+            for p in _files_in(folder):
+                if _identity(p) not in (None, before.get(p)) and p not in self.paths:
+                    self.paths.append(p)
+
+    def message(self) -> str:
+        if not self.paths:
+            return "nothing was written"
+        shown = ", ".join(printable(p) for p in self.paths[:3])
+        more = f" and {len(self.paths) - 3} more" if len(self.paths) > 3 else ""
+        return f"already written (complete): {shown}{more}"
+
+
+def _identity(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _files_in(folder: str) -> list[str]:
+    try:
+        return sorted(e.path for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
+    except OSError:
+        return []
 
 
 def _quiet_library_logs() -> None:
@@ -217,6 +272,7 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _quiet_library_logs()
+    writes = WrittenFiles()
     try:
         with _signals_as_interrupts():
             parser = build_parser()
@@ -224,15 +280,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.command:
                 parser.print_help()
                 return EXIT_USAGE
+            args.writes = writes
             return COMMANDS[args.command](args)
     except DmlOptError as e:
         print(f"dmlopt: error: {printable(str(e))}", file=sys.stderr)  # a name in it cannot forge a line
         return e.exit_code
     except Terminated as e:
-        print(f"dmlopt: terminated ({e}); nothing was written", file=sys.stderr)
+        print(f"dmlopt: terminated ({e}); {writes.message()}", file=sys.stderr)
         return 128 + e.signum
     except KeyboardInterrupt:
-        print("dmlopt: interrupted; nothing was written", file=sys.stderr)
+        print(f"dmlopt: interrupted; {writes.message()}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `dmlopt inspect m.onnx | head`: the reader left; not an error to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
@@ -268,12 +325,15 @@ def cmd_optimize(args) -> int:
     rep = result.report
     ok = result.passed
     if ok or args.force:
-        save(result.model, output, protect=tuple(protected))
+        with args.writes.writing(output, output + ".data"):
+            save(result.model, output, protect=tuple(protected))
         rep.written = os.fspath(output)
         rep.forced = not ok
-        _write_session_config(rep, output, session_path, written)
+        with args.writes.writing(session_path):
+            _write_session_config(rep, output, session_path, written)
     if args.report:
-        report_mod.write(rep, args.report)
+        with args.writes.writing(args.report):
+            report_mod.write(rep, args.report)
     print(rep.to_json() if args.json else rep.to_table())
     if not ok:
         where = f" (first failing pass: {rep.broken_by})" if rep.broken_by else ""
@@ -343,7 +403,8 @@ def cmd_calibrate(args) -> int:
     result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims)
     result["model"] = os.path.basename(args.model)
     if args.output:
-        calibrate.write(result, args.output, protected)
+        with args.writes.writing(args.output):
+            calibrate.write(result, args.output, protected)
     print(json_text(result) if args.json else calibrate.to_table(result))
     return EXIT_OK
 
@@ -429,7 +490,8 @@ def cmd_passes(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    return demo.run(output_dir=args.output_dir, runs=args.runs, quiet=args.quiet)
+    with args.writes.writing_in(args.output_dir):
+        return demo.run(output_dir=args.output_dir, runs=args.runs, quiet=args.quiet)
 
 
 COMMANDS = {

@@ -231,8 +231,8 @@ def _data_dependent(nodes: list[ir.Node], labels: dict[int, str]) -> list[dict[s
         outputs = [v for v in n.outputs if v is not None and v.name and v.shape is not None]
         if not outputs or placement_mod.graph_attributes(n):
             continue
-        if all(placement_mod._static_shape(v) is not None for v in inputs) and \
-                any(placement_mod._static_shape(v) is None for v in outputs):
+        if all(placement_mod.static_shape(v) is not None for v in inputs) and \
+                any(placement_mod.static_shape(v) is None for v in outputs):
             found.append(labels[id(n)])
     if not found:
         return []
@@ -269,7 +269,7 @@ def _query_cuda_kernels(code: str) -> dict[tuple[str, str], list[tuple[int, int]
         return "the kernel registry query printed no kernel list"
     found: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for domain, op, (lo, hi) in rows:
-        found.setdefault((placement_mod._domain(domain), op), []).append((int(lo), int(hi)))
+        found.setdefault((placement_mod.canonical_domain(domain), op), []).append((int(lo), int(hi)))
     return found or "this onnxruntime build has no CUDA kernels (install onnxruntime-gpu)"
 
 
@@ -295,8 +295,8 @@ def _cuda_placement(work: ir.Model, nodes: list[ir.Node], labels: dict[int, str]
     opsets = dict(work.opset_imports)
     cpu: dict[str, Any] = {}
     for n in nodes:
-        since = placement_mod._since_version(n, opsets)
-        ranges = kernels.get((placement_mod._domain(n.domain), n.op_type), [])
+        since = placement_mod.since_version(n, opsets)
+        ranges = kernels.get((placement_mod.canonical_domain(n.domain), n.op_type), [])
         if not any(since is not None and lo <= since <= hi for lo, hi in ranges):
             cpu[labels[id(n)]] = {"node": labels[id(n)], "reason": f"no CUDA kernel for {n.op_type}-{since}"}
     basis = (f"CUDA kernels of this onnxruntime {build} build (known); copies predicted"

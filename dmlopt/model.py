@@ -356,13 +356,16 @@ def _sub_byte(data_type: int) -> bool:
 def _resolve_external_data(model: ir.Model, base: pathlib.Path) -> None:
     """Read every tensor's external data from the model's folder, never the working folder:
     initializers (main graph and subgraphs) keep their reference with `base_dir` set, so large
-    weights stay on disk; a main-graph Constant over external data becomes such an initializer;
-    any other tensor attribute (a Constant that is a graph output, in a subgraph or a function)
-    and an initializer of a subgraph inside a function are read into memory now, because onnx_ir's
-    save and ONNX Runtime's loader only follow the references of the initializers of
-    `model.graphs()` (elsewhere they would be resolved against the working folder)."""
-    kept = {id(g) for g in model.graphs()}  # the graphs whose initializers onnx_ir's save writes out
-    _lift_external_constants(model.graph, base)
+    weights stay on disk; a Constant over external data in the main graph or a subgraph becomes
+    such an initializer of its graph; any other tensor attribute (a Constant that is a graph
+    output or in a function: a function has no initializers) and an initializer of a subgraph
+    inside a function are read into memory now, because onnx_ir's save and ONNX Runtime's loader
+    only follow the references of the initializers of `model.graphs()` (elsewhere they would be
+    resolved against the working folder).  `_check_external_data` has checked every location."""
+    saved = list(model.graphs())  # the graphs whose initializers onnx_ir's save writes out
+    for graph in saved:
+        _lift_external_constants(graph, base)
+    kept = {id(g) for g in saved}
     for graph in _all_graphs(model):
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
@@ -382,10 +385,15 @@ def _resolve_external_data(model: ir.Model, base: pathlib.Path) -> None:
 
 
 def _lift_external_constants(graph: ir.Graph, base: pathlib.Path) -> None:
-    """A main-graph Constant whose `value` is external data becomes an initializer of the same
-    name that keeps the reference (read from `base`, memory-mapped when used), so that a large
-    Constant is never read whole at load (nor by the checker, which sees large initializers as
-    typed inputs).  A Constant that is a graph output stays a node (read below)."""
+    """A Constant of `graph` whose `value` is external data becomes an initializer of `graph` of
+    the same name that keeps the reference (read from `base`, memory-mapped when used), so that a
+    large Constant is never read whole at load (nor by the checker, which sees large initializers
+    as typed inputs).  A Constant that is a graph output stays a node (read below).
+
+    Not onnx_ir's LiftConstantsToInitializersPass (1.1): it keeps the ExternalTensor too, but its
+    one size limit is for every Constant: by default it also lifts each inline Constant of 16
+    elements or more (the passes and the report's op counts see those as nodes) and leaves an
+    external one of fewer to be read; no limit selects the external ones only."""
     for node in list(graph):
         attr = node.attributes.get("value")
         if (node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or attr is None or attr.is_ref()

@@ -1,9 +1,10 @@
-"""Unused names for values and nodes a rewrite adds: `numbered_name(taken, base)`.
+"""Unused names for the values and nodes validate's float16-rounding copy adds: `numbered_name(taken, base)`.
 
-Why: fp16 (its casts) and validate (the float16-rounding copy) each need names that no value of
-the model already has; one helper keeps them the same.  The suffix restarts per base and starts
-at 2 (``x``, ``x_2``, ``x_3``), unlike passes/_shared.fresh_names, whose one counter runs across
-every base from 1 (``x_1``, then ``y_2``): the two number differently, so each keeps its own.
+Why here: validate (below the passes) needs names that no value of the model already has.  The
+suffix restarts per base and starts at 2 (``x``, ``x_2``, ``x_3``).  The passes take theirs from
+`DmlPass.fresh` (passes/_base.fresh_names), whose one counter runs across every base from 1
+(``x_1``, then ``y_2``): the two number differently, and each keeps its own so that the names
+either gives stay as they were.
 """
 
 from __future__ import annotations

@@ -33,30 +33,34 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt.einsum_support import einsum_supported
-from dmlopt.placement_copies import _copies
-from dmlopt.placement_cpu import _cpu_preferred, _int64_source_check
-from dmlopt.placement_data import DmlData, Registration, _domain, load_data
+from dmlopt.placement_copies import find_copies
+from dmlopt.placement_cpu import cpu_preferred, int64_source_check
+from dmlopt.placement_data import DmlData, Registration, canonical_domain, load_data
 from dmlopt.placement_folding import UNFOLDED_KEY, prepare, prepared_graph
 from dmlopt.placement_kernels import (
-    _kernel,
-    _since_version,
-    _support_query,
+    find_kernel,
     memory_slots,
     registered_versions,
+    since_version,
+    support_query,
     version_gap,
     version_gap_text,
     version_gaps,
 )
-from dmlopt.placement_nodes import _constant_values, _Node, _op_name, _static_shape, graph_attributes, node_label
-from dmlopt.placement_partitions import _partitions
+from dmlopt.placement_nodes import (
+    AnalysedNode,
+    constant_values,
+    graph_attributes,
+    node_label,
+    op_name,
+    static_shape,
+)
+from dmlopt.placement_partitions import find_partitions
 from dmlopt.target import available_versions, resolve_version
 
 __all__ = ["Placement", "available_versions", "einsum_supported", "load_data", "predict", "summary_table"]
 # The other names imported above stay reachable as placement.NAME for the callers that use them
 # (graph capture, calibration, emulation, the copies pass).
-
-
-CONTROL_FLOW = {"If", "Loop", "Scan"}
 
 
 @dataclasses.dataclass
@@ -125,16 +129,16 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     totals = {"nodes": 0, "dml": 0, "folded": folded_by_ort}
     has_subgraph = any(graph_attributes(n) for n in ir.traversal.RecursiveGraphIterator(work.graph))
 
-    def visit(graph: ir.Graph, prefix: str) -> list[_Node]:
+    def visit(graph: ir.Graph, prefix: str) -> list[AnalysedNode]:
         analysed = _place_graph(graph, data, opsets, prefix)
         for item in analysed:
             totals["nodes"] += 1
             if item.device == "cpu":
-                cpu_nodes.append({"node": item.name, "op": _op_name(item.node), "reason": item.reason,
+                cpu_nodes.append({"node": item.name, "op": op_name(item.node), "reason": item.reason,
                                   **({"graph": prefix.rstrip("/")} if prefix else {})})
             else:
                 totals["dml"] += 1
-        copies.extend(_copies(graph, analysed, prefix))
+        copies.extend(find_copies(graph, analysed, prefix))
         for item in analysed:
             for attr_name, sub in graph_attributes(item.node):
                 sub_prefix = f"{item.name}/{attr_name}/"
@@ -144,7 +148,7 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
 
     main = visit(work.graph, "")
     gaps = version_gaps(work, data)
-    partitions = _partitions(work.graph, main, data, has_subgraph)
+    partitions = find_partitions(work.graph, main, data, has_subgraph)
     byte_sizes = [c["bytes"] for c in copies]
     memcpy = {
         "count": len(copies),
@@ -172,18 +176,18 @@ def _warnings(model: ir.Model, data: DmlData, unfolded: list[str]) -> list[str]:
     return found
 
 
-def _place_graph(graph: ir.Graph, data: DmlData, opsets: dict[str, int], prefix: str) -> list[_Node]:
+def _place_graph(graph: ir.Graph, data: DmlData, opsets: dict[str, int], prefix: str) -> list[AnalysedNode]:
     """Placement of one graph's nodes (not its subgraphs); Constant nodes are initializers to ORT."""
-    constant = _constant_values(graph)
-    nodes = [n for n in graph if not (n.op_type == "Constant" and _domain(n.domain) == "")]
-    analysed = [_Node(n, node_label(n, i, prefix), i) for i, n in enumerate(nodes)]
+    constant = constant_values(graph)
+    nodes = [n for n in graph if not (n.op_type == "Constant" and canonical_domain(n.domain) == "")]
+    analysed = [AnalysedNode(n, node_label(n, i, prefix), i) for i, n in enumerate(nodes)]
     for item in analysed:
-        item.reg, item.reason = _kernel(item.node, data, opsets)
+        item.reg, item.reason = find_kernel(item.node, data, opsets)
     tentative = [item for item in analysed if item.reg is not None]
     for item in tentative:
         if item.reason is None:
-            item.reason = _support_query(item.node, item.reg, data)
-    preferred = _cpu_preferred(graph, analysed, constant, data)
+            item.reason = support_query(item.node, item.reg, data)
+    preferred = cpu_preferred(graph, analysed, constant, data)
     for item in analysed:
         if item.reason is None and item.index in preferred:
             item.reason = ("shape arithmetic on CPU tensors: every input is a small initializer, a graph input "
@@ -195,7 +199,7 @@ def _place_graph(graph: ir.Graph, data: DmlData, opsets: dict[str, int], prefix:
     strided_int64 = data.rules["int64"]["mode"] == "strided_32bit"
     for item in analysed:  # topological order: a producer's device is final before its consumers
         if strided_int64 and item.reason is None:
-            item.reason = _int64_source_check(item, by_value, constant)
+            item.reason = int64_source_check(item, by_value, constant)
         item.device = "cpu" if item.reason else "dml"
     return analysed
 
@@ -227,7 +231,7 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
         rows = [("node", "op", "why")]
         for c in p["cpu_nodes"][:limit]:
             rows.append((c["node"], c["op"], c["reason"]))
-        lines.append(_table(rows))
+        lines.append(clipped_table(rows))
         if len(p["cpu_nodes"]) > limit:
             lines.append(f"... and {len(p['cpu_nodes']) - limit} more (--json lists all)")
     if mem["edges"]:
@@ -238,13 +242,13 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
             rows.append((e["value"], "GPU->CPU" if e["direction"] == "to_host" else "CPU->GPU", e["producer"],
                          ", ".join(e["consumers"][:3]) + (" ..." if len(e["consumers"]) > 3 else ""),
                          "?" if e["bytes"] is None else str(e["bytes"])))
-        lines.append(_table(rows))
+        lines.append(clipped_table(rows))
         if len(mem["edges"]) > limit:
             lines.append(f"... and {len(mem['edges']) - limit} more (--json lists all)")
     return "\n".join(lines)
 
 
-def _table(rows: list[tuple]) -> str:
+def clipped_table(rows: list[tuple]) -> str:
     widths = [min(max(len(str(r[i])) for r in rows), 60) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):

@@ -12,11 +12,11 @@ import networkx as nx
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt.placement_nodes import _dtype_name, _Node, _static_shape
+from dmlopt.placement_nodes import AnalysedNode, dtype_name, static_shape
 
 
 def _tensor_bytes(value: ir.Value) -> int | None:
-    shape = _static_shape(value)
+    shape = static_shape(value)
     if shape is None or value.dtype is None:
         return None
     try:
@@ -26,14 +26,14 @@ def _tensor_bytes(value: ir.Value) -> int | None:
     return int(np.prod(shape, dtype=np.int64) * itemsize)
 
 
-def _copies(graph: ir.Graph, analysed: list[_Node], prefix: str) -> list[dict[str, Any]]:
+def find_copies(graph: ir.Graph, analysed: list[AnalysedNode], prefix: str) -> list[dict[str, Any]]:
     """One Memcpy per value that is needed in the other memory than it lives in.
 
     The graph of values and consumers is a networkx DiGraph (producer -> consumer, one edge
     per input slot, labelled with the memory the consumer reads it from).
     """
     g = nx.MultiDiGraph()
-    by_value: dict[int, _Node] = {}
+    by_value: dict[int, AnalysedNode] = {}
     for item in analysed:
         g.add_node(item.name, device=item.device)
         for out in item.node.outputs:
@@ -71,7 +71,7 @@ def _copies(graph: ir.Graph, analysed: list[_Node], prefix: str) -> list[dict[st
                 "value": value.name, "graph": prefix.rstrip("/") or None,
                 "direction": "to_host" if wants == "host" else "from_host",
                 "producer": source, "consumers": [reader for _, reader, _, w in edges if w == wants],
-                "dtype": _dtype_name(value), "shape": _shape_list(value), "bytes": _tensor_bytes(value),
+                "dtype": dtype_name(value), "shape": _shape_list(value), "bytes": _tensor_bytes(value),
             })
     return found
 

@@ -13,10 +13,10 @@ import numpy as np
 import onnx_ir as ir
 
 from dmlopt.placement_data import DmlData
-from dmlopt.placement_nodes import _dtype_name, _Node, _static_shape
+from dmlopt.placement_nodes import AnalysedNode, dtype_name, static_shape
 
 
-def _cpu_preferred(graph: ir.Graph, analysed: list[_Node], constant: dict[int, ir.Value],
+def cpu_preferred(graph: ir.Graph, analysed: list[AnalysedNode], constant: dict[int, ir.Value],
                    data: DmlData) -> set[int]:
     """ORT's GetCpuPreferredNodes over the nodes that reach the EP (indices of `analysed`)."""
     rule = data.rules["cpu_preference"]
@@ -62,7 +62,7 @@ def _cpu_preferred(graph: ir.Graph, analysed: list[_Node], constant: dict[int, i
         while inputs and inputs[-1] is None:
             inputs.pop()
         for i, value in enumerate(inputs):
-            if value is None or _dtype_name(value) in blocking:
+            if value is None or dtype_name(value) in blocking:
                 place = False
                 break
             if id(value) in graph_inputs or _small_constant(value, constant, small):
@@ -81,19 +81,20 @@ def _cpu_preferred(graph: ir.Graph, analysed: list[_Node], constant: dict[int, i
 def _small_constant(value: ir.Value, constant: dict[int, ir.Value], limit: int) -> bool:
     if id(value) not in constant:
         return False
-    shape = _static_shape(value)
+    shape = static_shape(value)
     if shape is None:
         tensor = value.const_value
         shape = tuple(tensor.shape) if tensor is not None else None
     return shape is not None and int(np.prod(shape, dtype=np.int64)) <= limit
 
 
-def _int64_source_check(item: _Node, by_value: dict[int, _Node], constant: dict[int, ir.Value]) -> str | None:
+def int64_source_check(item: AnalysedNode, by_value: dict[int, AnalysedNode],
+                       constant: dict[int, ir.Value]) -> str | None:
     """ORT <= 1.16: int64 is emulated with strided 32-bit reads, safe only for values from DML nodes."""
     if item.reg is None or item.reg.int64_from_any_ep:
         return None
     for i, value in enumerate(item.node.inputs):
-        if value is None or i in item.reg.cpu_inputs or _dtype_name(value) not in ("int64", "uint64"):
+        if value is None or i in item.reg.cpu_inputs or dtype_name(value) not in ("int64", "uint64"):
             continue
         producer = by_value.get(id(value))
         if producer is None or producer.reason is not None:

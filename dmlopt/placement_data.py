@@ -60,7 +60,7 @@ class DmlData:
             int64_from_any_ep=row.get("int64_from_any_ep", False), source=row.get("source", ""))
 
     def registrations(self, domain: str, op: str) -> list[Registration]:
-        return self.ops.get((_domain(domain), op), [])
+        return self.ops.get((canonical_domain(domain), op), [])
 
     def has_op(self, domain: str, op: str, since: int | None = None) -> bool:
         rows = self.registrations(domain, op)
@@ -76,5 +76,5 @@ def load_data(ort_version: str | None = None) -> DmlData:
     return DmlData(json.loads(text), name)
 
 
-def _domain(domain: str | None) -> str:
+def canonical_domain(domain: str | None) -> str:
     return "" if domain in (None, "", "ai.onnx") else domain

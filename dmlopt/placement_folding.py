@@ -10,8 +10,8 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt.placement_data import _domain
-from dmlopt.placement_nodes import _attr, _static_shape, graph_attributes
+from dmlopt.placement_data import canonical_domain
+from dmlopt.placement_nodes import attribute_value, graph_attributes, static_shape
 from dmlopt.shape_inference import check_function_expansion, fold_refusal, infer_shapes
 
 
@@ -31,7 +31,7 @@ def prepare(model: ir.Model, fold: bool = True) -> tuple[ir.Model, int]:
         check_function_expansion(model)
         model = model.clone()
         common_passes.InlinePass()(model)
-    return _ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
+    return ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
 
 
 def prepared_graph(model: ir.Model, *, fold: bool = True) -> ir.Model:
@@ -48,7 +48,7 @@ def _with_shapes(model: ir.Model) -> ir.Model:
     return model
 
 
-def _ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Model, int]:
+def ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Model, int]:
     """A copy of `model` after what ORT's level-1 ConstantFolding does before partitioning.
 
     ORT folds a node when all its inputs are constant, and a Shape/Size whose input shape is
@@ -84,15 +84,15 @@ UNFOLDED_KEY = "dmlopt.placement.unfolded"
 
 def _fold_node(node: ir.Node, unfolded: list[str]) -> list[np.ndarray] | None:
     """The values of `node`'s outputs when ORT would fold it, else None."""
-    if _domain(node.domain) != "" or node.op_type in NOT_FOLDABLE or node.op_type == "Constant" \
+    if canonical_domain(node.domain) != "" or node.op_type in NOT_FOLDABLE or node.op_type == "Constant" \
             or graph_attributes(node) or not node.outputs:
         return None
     inputs = list(node.inputs)
-    if node.op_type in ("Shape", "Size") and inputs and _static_shape(inputs[0]) is not None:
-        shape = np.array(_static_shape(inputs[0]), dtype=np.int64)
+    if node.op_type in ("Shape", "Size") and inputs and static_shape(inputs[0]) is not None:
+        shape = np.array(static_shape(inputs[0]), dtype=np.int64)
         if node.op_type == "Size":
             return [np.array(int(np.prod(shape)), dtype=np.int64)]
-        start, end = _attr(node, "start", 0), _attr(node, "end", None)
+        start, end = attribute_value(node, "start", 0), attribute_value(node, "end", None)
         return [shape[start:end] if end is not None else shape[start:]]
     if not inputs or any(v is not None and v.is_graph_input() for v in inputs):
         return None
@@ -119,6 +119,6 @@ def _const_tensor(value: ir.Value) -> ir.TensorProtocol | None:
     caller's model (clone does not copy tensors), which predict leaves unchanged."""
     producer = value.producer()
     if value.const_value is None and producer is not None and producer.op_type == "Constant" \
-            and _domain(producer.domain) == "" and "value" in producer.attributes:
+            and canonical_domain(producer.domain) == "" and "value" in producer.attributes:
         return producer.attributes["value"].as_tensor()
     return ir.convenience.get_const_tensor(value)

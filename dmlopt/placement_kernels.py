@@ -14,8 +14,8 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt.einsum_support import einsum_supported
-from dmlopt.placement_data import DmlData, Registration, _domain
-from dmlopt.placement_nodes import _attr, _dtype_name, _op_name, _present
+from dmlopt.placement_data import DmlData, Registration, canonical_domain
+from dmlopt.placement_nodes import attribute_value, dtype_name, op_name, present_values
 
 
 MS_DOMAIN = "com.microsoft"
@@ -29,8 +29,8 @@ def registered_versions(data: DmlData, domain: str, op: str) -> list[int]:
 def version_gap(node: ir.Node, data: DmlData, opsets: dict[str, int]) -> tuple[int, list[int]] | None:
     """(node's since-version, registered since-versions) when DirectML has `node`'s op at other versions
     only, or at none while ONNX defines it; None when its version is registered (or it is no ONNX op)."""
-    since = _since_version(node, opsets)
-    if since is None or _domain(node.domain) != "":
+    since = since_version(node, opsets)
+    if since is None or canonical_domain(node.domain) != "":
         return None
     known = registered_versions(data, node.domain, node.op_type)
     if since in known:
@@ -79,12 +79,12 @@ def version_gap_text(gap: dict[str, Any], ort_version: str) -> str:
 
 def memory_slots(node: ir.Node, data: DmlData, opsets: dict[str, int]) -> tuple[frozenset[int], frozenset[int]]:
     """(input slots, output slots) the DML kernel of `node` keeps in CPU memory; empty when none."""
-    reg, _ = _kernel(node, data, opsets)
+    reg, _ = find_kernel(node, data, opsets)
     return (reg.cpu_inputs, reg.cpu_outputs) if reg is not None else (frozenset(), frozenset())
 
 
-def _since_version(node: ir.Node, opsets: dict[str, int]) -> int | None:
-    domain = _domain(node.domain)
+def since_version(node: ir.Node, opsets: dict[str, int]) -> int | None:
+    domain = canonical_domain(node.domain)
     if domain == MS_DOMAIN:
         return 1
     opset = opsets.get(domain if domain else "", opsets.get("ai.onnx"))
@@ -97,7 +97,7 @@ def _since_version(node: ir.Node, opsets: dict[str, int]) -> int | None:
 
 
 def _schema(node: ir.Node, opsets: dict[str, int]):
-    domain = _domain(node.domain)
+    domain = canonical_domain(node.domain)
     try:
         return onnx.defs.get_schema(node.op_type, opsets.get(domain, opsets.get("", 1)), domain)
     except Exception:  # noqa: BLE001
@@ -111,7 +111,7 @@ def _type_bindings(node: ir.Node, opsets: dict[str, int]) -> list[tuple[str, str
     for is_input, values, formals in ((True, node.inputs, schema.inputs if schema else None),
                                       (False, node.outputs, schema.outputs if schema else None)):
         for i, value in enumerate(values):
-            dtype = _dtype_name(value)
+            dtype = dtype_name(value)
             if dtype is None:
                 continue
             if formals:
@@ -123,16 +123,16 @@ def _type_bindings(node: ir.Node, opsets: dict[str, int]) -> list[tuple[str, str
     return bound
 
 
-def _kernel(node: ir.Node, data: DmlData, opsets: dict[str, int]) -> tuple[Registration | None, str | None]:
+def find_kernel(node: ir.Node, data: DmlData, opsets: dict[str, int]) -> tuple[Registration | None, str | None]:
     """The registration ORT's kernel lookup finds for `node`, or why none matches."""
     rows = data.registrations(node.domain, node.op_type)
-    label = _op_name(node)
+    label = op_name(node)
     if not rows:
-        if node.op_type == "Gelu" and _domain(node.domain) == "":
+        if node.op_type == "Gelu" and canonical_domain(node.domain) == "":
             return None, (f"no DirectML kernel for ai.onnx Gelu in ORT {data.version} (only com.microsoft Gelu "
                           "is registered)")
         return None, f"no DirectML kernel for {label} in ORT {data.version}"
-    since = _since_version(node, opsets)
+    since = since_version(node, opsets)
     reg = next((r for r in rows if since in r.since), None)
     if reg is None:
         known = sorted({s for r in rows for s in r.since})
@@ -146,17 +146,17 @@ def _kernel(node: ir.Node, data: DmlData, opsets: dict[str, int]) -> tuple[Regis
     return reg, None
 
 
-def _support_query(node: ir.Node, reg: Registration, data: DmlData) -> str | None:
+def support_query(node: ir.Node, reg: Registration, data: DmlData) -> str | None:
     """The EP's IsNodeSupportedByDml beyond the kernel lookup: device types, rank, support query."""
-    label = _op_name(node)
+    label = op_name(node)
     for i, value in enumerate(node.inputs):
         if value is None or i in reg.cpu_inputs:
             continue
-        dtype = _dtype_name(value)
+        dtype = dtype_name(value)
         if dtype in data.device_unsupported:
             return f"{dtype} tensors are not supported by DirectML devices (input {i} of {label})"
     for value in node.outputs:
-        dtype = _dtype_name(value)
+        dtype = dtype_name(value)
         if dtype in data.device_unsupported:
             return f"{dtype} tensors are not supported by DirectML devices (output of {label})"
     max_rank = data.rules["max_rank"]["value"]
@@ -168,8 +168,8 @@ def _support_query(node: ir.Node, reg: Registration, data: DmlData) -> str | Non
 
 
 def _query_einsum(node: ir.Node, data: DmlData) -> str | None:
-    equation = _attr(node, "equation", "")
-    n_inputs = len(_present(node.inputs))
+    equation = attribute_value(node, "equation", "")
+    n_inputs = len(present_values(node.inputs))
     if einsum_supported(equation, n_inputs, data.version):
         return None
     mode = data.rules["einsum"]["mode"]
@@ -180,7 +180,7 @@ def _query_einsum(node: ir.Node, data: DmlData) -> str | None:
 
 def _query_layer_norm(node: ir.Node, data: DmlData) -> str | None:
     rule = data.rules["layer_norm"]
-    if len(_present(node.outputs)) > 1:
+    if len(present_values(node.outputs)) > 1:
         return "LayerNormalization with Mean/InvStdDev outputs runs on the CPU"
     inputs = node.inputs
     if rule["requires_bias"] and (len(inputs) < 3 or inputs[2] is None or inputs[2].name == ""):
@@ -196,12 +196,12 @@ def _query_skip_layer_norm(node: ir.Node, data: DmlData) -> str | None:
 
 
 def _query_resize(node: ir.Node, data: DmlData) -> str | None:
-    mode = _attr(node, "mode", "nearest")
+    mode = attribute_value(node, "mode", "nearest")
     if mode == "cubic":
         return "Resize mode=cubic runs on the CPU"
-    if _attr(node, "exclude_outside", 0):
+    if attribute_value(node, "exclude_outside", 0):
         return "Resize exclude_outside=1 runs on the CPU"
-    if _attr(node, "extrapolation_value", 0.0):
+    if attribute_value(node, "extrapolation_value", 0.0):
         return "Resize with extrapolation_value != 0 runs on the CPU"
     return None
 
@@ -217,19 +217,19 @@ def _query_attention(node: ir.Node, data: DmlData) -> str | None:
         return "Attention with a past input runs on the CPU"
     if len(inputs) > 6 and inputs[6] is not None and inputs[6].name:
         return "Attention with past_sequence_length runs on the CPU"
-    if len(_present(outputs)) > 1:
+    if len(present_values(outputs)) > 1:
         return "Attention with a present output runs on the CPU"
-    if _attr(node, "unidirectional", 0) or _attr(node, "do_rotary", 0):
+    if attribute_value(node, "unidirectional", 0) or attribute_value(node, "do_rotary", 0):
         return "Attention with unidirectional=1 or do_rotary=1 runs on the CPU"
     return None
 
 
 def _query_batchnorm(node: ir.Node, data: DmlData) -> str | None:
-    return "BatchNormalization training_mode=1 runs on the CPU" if _attr(node, "training_mode", 0) else None
+    return "BatchNormalization training_mode=1 runs on the CPU" if attribute_value(node, "training_mode", 0) else None
 
 
 def _query_scatter(node: ir.Node, data: DmlData) -> str | None:
-    reduction = _attr(node, "reduction", "none")
+    reduction = attribute_value(node, "reduction", "none")
     return None if reduction == "none" else f"{node.op_type} reduction={reduction} runs on the CPU"
 
 

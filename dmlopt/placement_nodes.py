@@ -1,6 +1,6 @@
 """What every placement step reads off a node or value: names, shapes, element types, attributes.
 
-Why: the five steps (dmlopt.placement) share one view of the analysed graph; `_Node` carries a
+Why: the five steps (dmlopt.placement) share one view of the analysed graph; `AnalysedNode` carries a
 node's registration, the reason it is not on DirectML and its device from step to step.
 """
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt.placement_data import Registration, _domain
+from dmlopt.placement_data import Registration, canonical_domain
 
 
 @dataclasses.dataclass
-class _Node:
+class AnalysedNode:
     """A node of the analysed graph with what the placement needs."""
 
     node: ir.Node
@@ -42,21 +42,21 @@ def graph_attributes(node: ir.Node) -> list[tuple[str, ir.Graph]]:
     return found
 
 
-def _op_name(node: ir.Node) -> str:
-    domain = _domain(node.domain)
+def op_name(node: ir.Node) -> str:
+    domain = canonical_domain(node.domain)
     return f"{domain}.{node.op_type}" if domain else node.op_type
 
 
-def _constant_values(graph: ir.Graph) -> dict[int, ir.Value]:
+def constant_values(graph: ir.Graph) -> dict[int, ir.Value]:
     """Initializers and Constant outputs (ORT turns Constant nodes into initializers)."""
     constant: dict[int, ir.Value] = {id(v): v for v in graph.initializers.values()}
     for node in graph:
-        if node.op_type == "Constant" and _domain(node.domain) == "":
+        if node.op_type == "Constant" and canonical_domain(node.domain) == "":
             constant.update((id(o), o) for o in node.outputs)
     return constant
 
 
-def _static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
+def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
     if value is None or value.shape is None:
         return None
     dims = []
@@ -67,16 +67,16 @@ def _static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
-def _dtype_name(value: ir.Value | None) -> str | None:
+def dtype_name(value: ir.Value | None) -> str | None:
     if value is None or value.dtype is None:
         return None
     return value.dtype.name.lower()
 
 
-def _attr(node: ir.Node, name: str, default: Any = None) -> Any:
+def attribute_value(node: ir.Node, name: str, default: Any = None) -> Any:
     attr = node.attributes.get(name)
     return default if attr is None else attr.value
 
 
-def _present(values) -> list:
+def present_values(values) -> list:
     return [v for v in values if v is not None and v.name != ""]

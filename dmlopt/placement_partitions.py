@@ -12,10 +12,10 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt.placement_data import DmlData
-from dmlopt.placement_nodes import _Node, _op_name, _static_shape
+from dmlopt.placement_nodes import AnalysedNode, op_name, static_shape
 
 
-def _partitions(graph: ir.Graph, analysed: list[_Node], data: DmlData, has_subgraph: bool) -> dict[str, Any]:
+def find_partitions(graph: ir.Graph, analysed: list[AnalysedNode], data: DmlData, has_subgraph: bool) -> dict[str, Any]:
     """The DML EP's BuildPartitions: greedy merge of graph nodes in topological order."""
     constant_inits = set(graph.initializers)
     for node in graph:
@@ -78,7 +78,7 @@ def _partitions(graph: ir.Graph, analysed: list[_Node], data: DmlData, has_subgr
     }
 
 
-def _graph_node(item: _Node, constant_inits: set[str], data: DmlData, blocked) -> bool:
+def _graph_node(item: AnalysedNode, constant_inits: set[str], data: DmlData, blocked) -> bool:
     """Whether a node can join a compiled DML graph (GraphPartitioner GetRegistrationProperties)."""
     if item.device != "dml":
         blocked("cpu", item.name)
@@ -95,7 +95,7 @@ def _graph_node(item: _Node, constant_inits: set[str], data: DmlData, blocked) -
     for value in [*item.node.inputs, *item.node.outputs]:
         if value is None or value.name == "":
             continue
-        shape = _static_shape(value)
+        shape = static_shape(value)
         if shape is None or 0 in shape:
             blocked("dynamic_shape", item.name)
             return False
@@ -105,7 +105,7 @@ def _graph_node(item: _Node, constant_inits: set[str], data: DmlData, blocked) -
     return True
 
 
-def _blocker_text(reasons: dict[str, list[str]], analysed: list[_Node], has_subgraph: bool,
+def _blocker_text(reasons: dict[str, list[str]], analysed: list[AnalysedNode], has_subgraph: bool,
                   n_parts: int) -> list[str]:
     out = []
     if has_subgraph:
@@ -118,7 +118,7 @@ def _blocker_text(reasons: dict[str, list[str]], analysed: list[_Node], has_subg
             ops: dict[str, int] = {}
             for item in analysed:
                 if item.device == "cpu":
-                    ops[_op_name(item.node)] = ops.get(_op_name(item.node), 0) + 1
+                    ops[op_name(item.node)] = ops.get(op_name(item.node), 0) + 1
             summary = ", ".join(f"{op} x{k}" for op, k in sorted(ops.items(), key=lambda kv: -kv[1]))
             out.append(f"{n} nodes run on the CPU and split the graph ({summary})")
         elif kind.startswith("not_graph_op:"):

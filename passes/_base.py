@@ -333,7 +333,12 @@ def _every_node(model: ir.Model) -> Iterator[ir.Node]:
 
 
 def fresh_names(model: ir.Model):
-    """A function returning names not yet used anywhere in `model` (initializer names must be unique)."""
+    """A function returning names not yet used anywhere in `model` (initializer names must be unique).
+
+    The passes' one source of new names (`DmlPass.fresh`, declared by ``needs_fresh_names``).  One
+    counter across every base, from 1 (``x``, ``x_1``, then ``y_2``): a name the model does not hold
+    yet is given unchanged.  Names a pass sets outside it after `prepare` are not seen.
+    """
     used: set[str] = set()
     for graph in model.graphs():
         used.update(v.name for v in graph.inputs if v.name)

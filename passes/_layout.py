@@ -43,7 +43,13 @@ MAX_CHAIN = 64
 
 
 class NotAView(Exception):
-    """The op sequence cannot be expressed as a strided view (or shapes are not static)."""
+    """The op sequence cannot be expressed as a strided view (or shapes are not static).
+
+    Not a site decline (that is `_shared.Decline`): an answer of the layout algebra, which knows
+    no sites.  Each caller decides what it means there: the attention pass declines its site
+    with it as the reason ("heads layout: ..."), a layout rule simply does not match, the
+    window-layout pass tries another geometry.
+    """
 
 
 @dataclasses.dataclass

@@ -13,7 +13,12 @@ FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOU
 
 
 class Decline(Exception):
-    """A site cannot be rewritten exactly; the message says why (the site's reason in the report)."""
+    """A site cannot be rewritten exactly; the message says why (the site's reason in the report).
+
+    The one "decline this site, with this reason" exception of the passes.  Not-a-site is no
+    exception (a check returns early), and `_layout.NotAView` is the layout algebra's answer,
+    which a caller may turn into a Decline.
+    """
 
 
 def is_static(value: ir.Value | None) -> bool:
@@ -75,16 +80,6 @@ def regroup(w: np.ndarray, groups: int) -> np.ndarray:
     spatial = w.shape[2:]
     blocks = w.reshape(groups, rows // groups, cols, *spatial).swapaxes(1, 2)
     return blocks.reshape(groups * cols, rows // groups, *spatial)
-
-
-def unique_name(graph: ir.Graph, name: str) -> str:
-    """`name`, or `name_N` with the smallest N, not yet taken by a value or initializer of `graph`."""
-    taken = {v.name for v in graph_values(graph)} | set(graph.initializers)
-    candidate, n = name, 0
-    while candidate in taken:
-        n += 1
-        candidate = f"{name}_{n}"
-    return candidate
 
 
 def graph_values(graph: ir.Graph):

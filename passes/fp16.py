@@ -49,7 +49,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dmlopt.names import numbered_name
 from dmlopt.passes._base import DmlPass, Option
 
 HALF, FULL = ir.DataType.FLOAT16, ir.DataType.FLOAT
@@ -114,6 +113,7 @@ class Fp16Pass(DmlPass):
         return bool(self.option("fp16"))
 
     needs_shapes = "onnx-strict"
+    needs_fresh_names = True  # for its Casts and converted constants
 
     def skip(self, model: ir.Model, sites) -> bool:
         self.converted: list[str] = []  # names of the nodes that compute in float16 (the repair's candidates)
@@ -148,7 +148,6 @@ class _Converter:
         self.half_nodes = 0
         self.kept_nodes = 0
         self._cache: dict[tuple[int, ir.DataType], ir.Value] = {}
-        self._names = {v.name for v in _all_values(self.graph) if v.name}
 
     # -- planning ---------------------------------------------------------------------
     def run(self) -> bool:
@@ -401,7 +400,7 @@ class _Converter:
         return array.astype(np.float16)
 
     def _fresh(self, base: str) -> str:
-        return numbered_name(self._names, base)
+        return self.owner.fresh(base)
 
 
 def _names(option) -> set[str]:

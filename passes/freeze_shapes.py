@@ -60,7 +60,7 @@ from onnxscript.rewriter.rules import common as common_rules
 from dmlopt import shape_inference
 from dmlopt.model import initializer_bytes, tensor_bytes
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
-from dmlopt.passes._shared import ReshapeNoOp, graph_values, infer_static_dims, is_static, show_shape, unique_name
+from dmlopt.passes._shared import ReshapeNoOp, graph_values, infer_static_dims, is_static, show_shape
 from dmlopt.shapes import check_shapes, free_dimensions, runtime_inputs
 
 # Expand/Tile/ConstantOfShape/Range results above this many elements stay ops.
@@ -87,6 +87,7 @@ class FreezeShapesPass(DmlPass):
     summary = "fix dynamic axes (--shape/--dim) and fold the Shape arithmetic they keep alive; lists free dims otherwise"
     order = 10.0
     _inputs_changed = False  # set by _freeze_declared
+    needs_fresh_names = True  # for the Split sizes it adds
 
     def skip(self, model: ir.Model, sites) -> bool:
         """Checks the declared shapes; nothing declared: lists the free dims, and stops if nothing can fold."""
@@ -429,7 +430,7 @@ def slices_to_split(owner: DmlPass, model: ir.Model) -> int:
                     continue
                 nodes = [n for _, n in parts]
                 sizes = np.array([hi - lo for lo, hi in bounds], dtype=np.int64)
-                sizes_value = ir.Value(name=unique_name(graph, f"{x.name}_split_sizes"), const_value=ir.tensor(sizes),
+                sizes_value = ir.Value(name=owner.fresh(f"{x.name}_split_sizes"), const_value=ir.tensor(sizes),
                                        shape=ir.Shape([len(nodes)]), type=ir.TensorType(ir.DataType.INT64))
                 graph.register_initializer(sizes_value)
                 split = ir.Node("", "Split", [x, sizes_value], attributes=[ir.AttrInt64("axis", axis)],

@@ -31,7 +31,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes
-from dmlopt.passes._shared import ReshapeNoOp, infer_static_dims, is_static, show_shape, unique_name
+from dmlopt.passes._shared import ReshapeNoOp, infer_static_dims, is_static, show_shape
 
 GEMM_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
@@ -44,7 +44,10 @@ class LinearGemmPass(DmlPass):
     summary = "Linear layers (MatMul + bias) on static shapes -> Gemm, the MLP on 2-D rows (ORT's MatMulAddFusion, once)"
     order = 65.0
 
+    needs_fresh_names = True  # for the Reshape shapes it adds
+
     def prepare(self, model: ir.Model, sites) -> None:
+        super().prepare(model, sites)
         infer_static_dims(model)  # static dims where onnx can tell (freeze-shapes leaves them all set)
 
     def rewrite(self, model: ir.Model) -> bool:
@@ -108,8 +111,10 @@ class LinearToGemm(SiteRule):
         if len(self._out_dims) == 2:
             return op.Gemm(a, w, b)
         k = int(_const(w).shape[0])
-        rows_shape = op.initializer(ir.tensor(np.array([self._rows, k], dtype=np.int64), name=f"{self._name}_rows"))
-        out_shape = op.initializer(ir.tensor(np.array(self._out_dims, dtype=np.int64), name=f"{self._name}_shape"))
+        rows = np.array([self._rows, k], dtype=np.int64)
+        rows_shape = op.initializer(ir.tensor(rows, name=self.owner.fresh(f"{self._name}_rows")))
+        out_shape = op.initializer(ir.tensor(np.array(self._out_dims, dtype=np.int64),
+                                             name=self.owner.fresh(f"{self._name}_shape")))
         return op.Reshape(op.Gemm(op.Reshape(a, rows_shape), w, b), out_shape)
 
 
@@ -152,7 +157,7 @@ def mlps_to_gemm(owner: DmlPass, model: ir.Model) -> int:
                 continue
             rows = int(np.prod(a.shape.dims[:-1], dtype=np.int64))
             out_dims = list(add2.outputs[0].shape.dims)
-            _rewrite_mlp(graph, a, rows, (matmul1, add1, w1, b1), nodes, (matmul2, add2, w2, b2), out_dims)
+            _rewrite_mlp(graph, owner.fresh, a, rows, (matmul1, add1, w1, b1), nodes, (matmul2, add2, w2, b2), out_dims)
             owner.rewrote(add1, f"MLP on {show_shape(a.shape)}: two Linears -> Gemms on [{rows}, *] rows, "
                                 f"{len(nodes)} activation nodes between")
             count += 1
@@ -238,13 +243,13 @@ def _region_op(node: ir.Node, inside: set, shape: ir.Shape) -> bool:
     return out.shape is not None and out.shape.dims == shape.dims
 
 
-def _rewrite_mlp(graph: ir.Graph, a: ir.Value, rows: int, first, nodes, second, out_dims) -> None:
+def _rewrite_mlp(graph: ir.Graph, fresh, a: ir.Value, rows: int, first, nodes, second, out_dims) -> None:
     matmul1, add1, w1, b1 = first
     matmul2, add2, w2, b2 = second
     k, n1 = (int(d) for d in _const(w1).shape)
     n2 = int(_const(w2).shape[1])
-    rows_shape = _initializer(graph, f"{add1.outputs[0].name}_rows", np.array([rows, k], dtype=np.int64))
-    out_shape = _initializer(graph, f"{add2.outputs[0].name}_shape", np.array(out_dims, dtype=np.int64))
+    rows_shape = _initializer(graph, fresh(f"{add1.outputs[0].name}_rows"), np.array([rows, k], dtype=np.int64))
+    out_shape = _initializer(graph, fresh(f"{add2.outputs[0].name}_shape"), np.array(out_dims, dtype=np.int64))
     def name(node: ir.Node, suffix: str) -> str | None:  # unnamed nodes are named by NameFixPass
         return f"{node.name}_{suffix}" if node.name else None
 
@@ -264,7 +269,7 @@ def _rewrite_mlp(graph: ir.Graph, a: ir.Value, rows: int, first, nodes, second, 
 
 
 def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=unique_name(graph, name), const_value=ir.tensor(array), shape=ir.Shape(array.shape),
+    value = ir.Value(name=name, const_value=ir.tensor(array), shape=ir.Shape(array.shape),
                      type=ir.TensorType(ir.DataType.INT64))
     graph.register_initializer(value)
     return value

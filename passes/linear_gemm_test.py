@@ -168,3 +168,19 @@ def test_attention_is_still_fused_in_the_default_pipeline(sam_dynamic):
     assert ops.count("MultiHeadAttention") == 3 and "Softmax" not in ops and "Shape" not in ops
     assert ops.count("Gemm") >= 6  # the MLPs
     assert result.passed
+
+
+def test_added_shapes_take_names_not_in_the_model():
+    """The rule names its Reshape shapes after the Add's output; a model holding those names keeps them."""
+    model = linear_model("before+after")
+    for taken in ("lin_rows", "lin_shape"):  # constants the model also outputs, so they stay
+        value = ir.Value(name=taken, const_value=ir.tensor(np.arange(3, dtype=np.int64)), shape=ir.Shape([3]),
+                         type=ir.TensorType(ir.DataType.INT64))
+        model.graph.register_initializer(value)
+        model.graph.outputs.append(value)
+    out, _ = convert(model)
+    assert main_ops(out) == ["Reshape", "Gemm", "Reshape"]
+    names = [v.name for v in out.graph.initializers.values()] + [v.name for n in out.graph for v in n.outputs]
+    assert len(names) == len(set(names)), names
+    assert {"lin_rows", "lin_shape"} <= set(out.graph.initializers)
+    close(model, out, [2, 3, 8])

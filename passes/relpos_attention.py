@@ -38,10 +38,6 @@ BIAS_INPUT = 5
 FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
-class NoBias(Exception):
-    """Not a site: a MultiHeadAttention without attention_bias (e.g. one this pass made)."""
-
-
 def _bias_terms(bias: ir.Value, batch: int, heads: int, seq_q: int, seq_kv: int):
     """(row term, column term, c, d, leading shape) of ``Reshape(Add(Rh, Rw), (B, N, S, T))``."""
     reshape = bias.producer()
@@ -91,10 +87,10 @@ class FoldRelPosBias(SiteRule):
         node = out.producer()
         try:
             self._plan = _plan(node, q, k, v)
-        except NoBias:
-            return self.decline(None, "no attention_bias")
         except Decline as e:
             return self.decline(node, str(e))
+        if self._plan is None:
+            return self.decline(None, "no attention_bias")  # not a site: nothing to log
         return pattern.MatchResult()
 
     def rewrite(self, op, q, k, v, out, **_):
@@ -147,13 +143,17 @@ class FoldRelPosBias(SiteRule):
         return fused
 
 
-def _plan(node: ir.Node, q: ir.Value, k: ir.Value, v: ir.Value) -> dict:
-    """Check one MultiHeadAttention; the sizes the rewrite needs, or raise Decline."""
+def _plan(node: ir.Node, q: ir.Value, k: ir.Value, v: ir.Value) -> dict | None:
+    """Check one MultiHeadAttention; the sizes the rewrite needs, or raise Decline.
+
+    None when it is not a site: no attention_bias (e.g. an MHA this pass made), a plain value
+    rather than a second exception, since nothing is declined.
+    """
     inputs = list(node.inputs)
     if len(node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
         raise Decline("present key/value outputs are read")
     if len(inputs) <= BIAS_INPUT or inputs[BIAS_INPUT] is None:
-        raise NoBias()
+        return None
     if any(x is not None for i, x in enumerate(inputs) if i not in (0, 1, 2, BIAS_INPUT)):
         raise Decline("MHA has a bias, key padding mask or past inputs besides attention_bias")
     if node.attributes.get_int("unidirectional", 0):

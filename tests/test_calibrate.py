@@ -153,8 +153,8 @@ def test_calibrate_prepares_once_and_compare_answers_the_same_with_the_copy(monk
     assert calibrate.compare(model, predicted, actual, prepared=placement.prepare(model)) == alone
     assert alone["mismatches"]  # the old-layout sample disagrees: a real answer, not an empty one
     folds = []
-    real = placement_folding._ort_constant_folding
-    monkeypatch.setattr(placement_folding, "_ort_constant_folding", lambda m: folds.append(m) or real(m))
+    real = placement_folding.ort_constant_folding
+    monkeypatch.setattr(placement_folding, "ort_constant_folding", lambda m: folds.append(m) or real(m))
     calibrate.calibrate(model, ort_version="1.14", target="cpu")
     assert len(folds) == 1
 

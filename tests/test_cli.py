@@ -169,3 +169,48 @@ def test_entry_point_runs_as_a_user_would(tmp_path, model_path):
                          capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "no such file" in bad.stderr
+
+
+# -- a signal after the output is in place -------------------------------------------------------
+
+def _raises(exc: BaseException, real=None):
+    """A stand-in that runs `real` (if given), then raises `exc`: a signal arriving right there."""
+    def arrives(*args, **kwargs):
+        if real is not None:
+            real(*args, **kwargs)
+        raise exc
+    return arrives
+
+
+@pytest.mark.parametrize("where", ["writing the report", "inside save, after the rename"])
+def test_a_signal_after_the_output_is_in_place_says_it_was_written(cli, model_path, tmp_path, monkeypatch, where):
+    """SIGTERM while the report is written, or Ctrl-C arriving in save after the output's rename:
+    out.onnx (and, by the report, its session configuration) is there and complete, so the message
+    names it instead of 'nothing was written'."""
+    import signal
+
+    import dmlopt
+    import dmlopt.cli as cli_mod
+    import dmlopt.report as report_mod
+
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    if where == "writing the report":
+        monkeypatch.setattr(report_mod, "write", _raises(cli_mod.Terminated(signal.SIGTERM)))
+        expected_code, start = 128 + signal.SIGTERM, "dmlopt: terminated (SIGTERM); "
+    else:
+        monkeypatch.setattr(cli_mod, "save", _raises(KeyboardInterrupt(), real=cli_mod.save))
+        expected_code, start = 130, "dmlopt: interrupted; "
+    r = cli("optimize", model_path, "-o", out, "--report", report, "--target", "cpu", "--no-time", "-q")
+    assert r.code == expected_code, r.err
+    written = f"{out}, {tmp_path / 'out.session.json'}" if where == "writing the report" else f"{out}"
+    assert r.err.strip() == start + f"already written (complete): {written}", r.err
+    assert len(dmlopt.load(out).graph) > 0 and not report.exists()
+
+
+def test_a_signal_before_anything_is_written_still_says_nothing_was_written(cli, model_path, tmp_path, monkeypatch):
+    import dmlopt.cli as cli_mod
+
+    monkeypatch.setattr(cli_mod, "save", _raises(KeyboardInterrupt()))
+    r = cli("optimize", model_path, "-o", tmp_path / "out.onnx", "--target", "cpu", "--no-time", "-q")
+    assert r.code == 130 and r.err.strip() == "dmlopt: interrupted; nothing was written", r.err
+    assert not (tmp_path / "out.onnx").exists()

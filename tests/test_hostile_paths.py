@@ -235,7 +235,17 @@ def _subgraph_model() -> onnx.ModelProto:
     return _model([node], [_vi("x"), _vi("c", (), TensorProto.BOOL)], [_vi("y")])
 
 
-HOLDERS = {"Constant": _constant_model, "function": _function_model, "subgraph initializer": _subgraph_model}
+def _subgraph_constant_model() -> onnx.ModelProto:
+    """y = If(c, then: x + Constant(value=<external w.bin>) inside the branch, else: x)."""
+    const = helper.make_node("Constant", [], ["Wt"], value=_external_tensor("c", "w.bin"))
+    then = helper.make_graph([const, helper.make_node("Add", ["x", "Wt"], ["t"])], "then", [], [_vi("t")])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [], [_vi("e")])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    return _model([node], [_vi("x"), _vi("c", (), TensorProto.BOOL)], [_vi("y")])
+
+
+HOLDERS = {"Constant": _constant_model, "function": _function_model, "subgraph initializer": _subgraph_model,
+           "subgraph Constant": _subgraph_constant_model}
 
 
 @pytest.fixture
@@ -285,6 +295,22 @@ def test_an_external_constant_stays_on_disk(cli, folders):
     assert "W" in {o.name for o in model.graph[0].inputs}
     _refused(cli, cwd, "inspect", _save(model_dir, "bad.onnx", onnx.ModelProto.FromString(
         _constant_model().SerializeToString().replace(b"w.bin", b"../w."))), fragment="outside the model's folder")
+
+
+def test_an_external_constant_in_a_subgraph_stays_on_disk(cli, folders):
+    """The same in an If branch: the Constant becomes an initializer of the branch, still a
+    reference into the model's folder; the optimized model computes with those weights."""
+    model_dir, cwd = folders
+    path = _save(model_dir, "m.onnx", _subgraph_constant_model())
+    model = dmlopt.load(path)
+    then = model.graph[0].attributes["then_branch"].as_graph()
+    assert [n.op_type for n in then] == ["Add"]
+    tensor = then.initializers["Wt"].const_value
+    assert isinstance(tensor, ir.ExternalTensor) and pathlib.Path(tensor.path) == model_dir / "w.bin"
+    assert np.array_equal(run(model, _feeds(_subgraph_constant_model()))["y"], 0.5 + WEIGHTS)
+    out = cwd / "out.onnx"
+    assert cli("optimize", path, "-o", out, "-q", "--target", "cpu", "--no-time").code == 0
+    assert np.array_equal(run(dmlopt.load(out), _feeds(_subgraph_constant_model()))["y"], 0.5 + WEIGHTS)
 
 
 @pytest.mark.parametrize("holder", HOLDERS)

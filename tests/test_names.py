@@ -1,4 +1,4 @@
-"""numbered_name: the numbering fp16's casts and validate's float16-rounding copy rely on."""
+"""numbered_name: the numbering validate's float16-rounding copy relies on."""
 
 from __future__ import annotations
 
