@@ -72,8 +72,8 @@ def require_validation(tune: bool, validate: bool) -> None:
 
 
 def precision_of(options: OptionStore) -> str:
-    """The precision a pipeline with these options writes: float16 when the fp16 pass converts
-    (the engine decides it; passes read it from `PassContext.precision`)."""
+    """The precision a pipeline with these options writes: float16 when the fp16 option is on, as
+    set or as chosen (the engine decides it; passes read it from `PassContext.precision`)."""
     return "float16" if options.value(PRECISION_PASS, PRECISION_OPTION) is True else "float32"
 
 
