@@ -87,11 +87,11 @@ def graph_capture_readiness(model: ir.Model, target: Target | str = "dml", ort_v
     """Whether `model` qualifies for graph capture on `target` ('dml' or 'cuda') under ONNX
     Runtime `ort_version` (None: the newest DirectML table / this build for CUDA).
 
-    A resolved `Target` carries its version (its DirectML table; for CUDA the version asked for).
+    A resolved `Target` gives its `predicted_version` (its DirectML table; for CUDA the version asked for).
     `placement` reuses a DirectML prediction already made for the same model and version;
     `prepared` reuses `placement.prepare(model)` (only read here)."""
     if isinstance(target, Target):
-        target, ort_version = target.ep, target.table_version if target.ep == "dml" else target.asked
+        target, ort_version = target.ep, target.predicted_version
     if target not in PROVIDER_NAMES:
         raise UsageError(f"graph capture applies to DirectML (dml) and CUDA (cuda), not '{target}'")
     if prepared is None:  # once: the prediction below reads the same copy

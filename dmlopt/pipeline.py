@@ -24,7 +24,7 @@ from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.graph_check import PassBroke, check_model, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
-from dmlopt.passes import DmlPass, EngineSettings, Option, PassContext, all_passes
+from dmlopt.passes import DmlPass, EngineSettings, Option, OptionStore, PassContext, all_passes
 from dmlopt.shapes import check_shapes
 from dmlopt.target import Target
 from dmlopt.validate import validate as run_validation
@@ -75,19 +75,17 @@ def select_passes(names: Sequence[str] | str | None) -> list[type[DmlPass]]:
     return [registry[n] for n in names]
 
 
-def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    known = pass_options()
-    checked = {}
-    for name, value in options.items():
-        if value is None:
-            continue
-        if name not in known:
-            raise UsageError(f"unknown option '{name}' (known: {', '.join(sorted(known)) or 'none'})")
-        opt = known[name][1]
-        if opt.choices is not None and value not in opt.choices:
-            raise UsageError(f"{opt.flag}: '{value}' is not one of {', '.join(opt.choices)}")
-        checked[name] = value
-    return checked
+def check_options(options: Mapping[str, Any]) -> OptionStore:
+    """The user's pass options (keywords by option name; None: unset) as the store of every
+    registered pass, each value converted and checked (UsageError: unknown name, bad value)."""
+    pass_options()  # no option takes an engine keyword's name
+    return OptionStore.build(all_passes().values(), options)
+
+
+def _as_given(options: Mapping[str, Any], store: OptionStore) -> dict[str, Any]:
+    """The user's settings by option name, in the order given, as the store converted them (the report's "options")."""
+    converted = {name: value for values in store.settings().values() for name, value in values.items()}
+    return {name: converted[name] for name in options if name in converted}
 
 
 def _strict_clean(model: ir.Model) -> bool:
@@ -148,20 +146,24 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     check_input(original)
     if shapes or dims:
         check_shapes(original, shapes, dims)
-    checked = check_options(options)
+    store = check_options(options)
     pass_classes = select_passes(passes)
     context = PassContext(target=resolved,
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
-                          dims=dict(dims or {}), options=dict(checked), engine=EngineSettings(tune=tune))
+                          dims=dict(dims or {}), options=store, engine=EngineSettings(tune=tune),
+                          precision=tuning.precision_of(store))
     # The report's "options" keep their keys: the user's pass options and "tune".
-    rep = report_mod.Report.start(original, target=target, ort_version=ort_version, options={**checked, "tune": tune})
+    rep = report_mod.Report.start(original, target=target, ort_version=ort_version,
+                                  options={**_as_given(options, store), "tune": tune})
     rep.target_resolved = resolved.describe()
     explicit = passes is not None
     run = PassRunner(pass_classes, context, explicit=explicit, strict=_strict_clean(original))
-    # Options left to choose are decided first, each candidate as the whole pipeline's output (dmlopt.tune).
-    outcome = tuning.resolve(tuning.steps(pass_classes, context), original, context, run, validate_output=validate,
+    # Options left to choose are decided first, each candidate as the whole pipeline's output (dmlopt.tune);
+    # the choices join the store apart from the user's settings.
+    outcome = tuning.resolve(tuning.steps(pass_classes, context, validate_output=validate), original, context, run,
                              check=dict(inputs=inputs, atol=atol, rtol=rtol), progress=progress)
-    context.options.update(outcome.options)
+    chosen = store.with_choices(outcome.choices)
+    context = run.context = dataclasses.replace(context, options=chosen, precision=tuning.precision_of(chosen))
     for pass_name, option, choice, record in outcome.records:
         rep.add_choice(pass_name, option, choice, record)
 
@@ -177,7 +179,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     work, _ = run(work, context.options, start=fp16_at or 0, only=outcome.only, on_pass=record, progress=progress)
     rep.finish(work, initializer_bytes(original), initializer_bytes(work))
     out = Result(work, rep)
-    atol, rtol = tuning.validation_tolerances(context.options, atol, rtol)
+    atol, rtol = tuning.validation_tolerances(context.precision, atol, rtol)
     if validate:
         if progress:
             progress("validate")
@@ -231,9 +233,9 @@ class PassRunner:
         self.explicit = explicit
         self.strict = strict
 
-    def __call__(self, model: ir.Model, options: dict[str, Any], *, start: int = 0, stop: int | None = None,
+    def __call__(self, model: ir.Model, options: OptionStore, *, start: int = 0, stop: int | None = None,
                  only: set[int] | None = None, on_pass=None, progress=None) -> tuple[ir.Model, dict[int, bool]]:
-        context = dataclasses.replace(self.context, options=dict(options))
+        context = dataclasses.replace(self.context, options=options, precision=tuning.precision_of(options))
         modified: dict[int, bool] = {}
         interface = model_interface(model)
         for index in range(start, len(self.passes) if stop is None else stop):
@@ -277,7 +279,7 @@ def _repair_fp16(original, work, start, at, run, only, rep, check, progress) -> 
         def collect(p, before, after, modified, seconds):
             records.append(dict(p=p, before=before, after=op_counts(after), modified=modified, seconds=seconds))
 
-        options = {**context.options, "fp16_keep_nodes": tuple(sorted(keep))}
+        options = context.options.chose("fp16", "fp16_keep_nodes", tuple(sorted(keep)))
         model, _ = run(start.clone(), options, start=at, only=only, on_pass=collect)
         return fp16_repair.Trial(model, records)
 

@@ -52,10 +52,10 @@ def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None 
 
     `readiness`: graph_capture_readiness of the model (graph capture is enabled only when ready);
     `ep_tuning`: ``bench.tune_ep`` on the model (measured provider options); `dims`: values for
-    dims left dynamic (default 1, the size dmlopt validates with).  A resolved `Target` names the
-    version on DirectML; elsewhere the version asked for, else the graph-capture check's."""
+    dims left dynamic (default 1, the size dmlopt validates with).  A resolved `Target` gives its
+    `deployed_version` (else the graph-capture check's version is named)."""
     if isinstance(target, Target):
-        target, ort_version = target.ep, target.ort_version if target.ep == "dml" else target.asked
+        target, ort_version = target.ep, target.deployed_version
     if ort_version is None and readiness is not None:
         ort_version = readiness.ort_version
     cfg: dict[str, Any] = {"format": FORMAT, "model": None, "target": target, "ort_version": ort_version,

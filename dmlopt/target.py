@@ -108,6 +108,20 @@ class Target:
     def older_than(self, version: str | tuple[int, ...]) -> bool:
         return not self.at_least(version)
 
+    @property
+    def predicted_version(self) -> str | None:
+        """The version whose kernel registry predicts what this target runs: on DirectML the data
+        table (placement and graph capture are predicted from it, not from a version between tables);
+        elsewhere the version asked for, None meaning this machine's onnxruntime build."""
+        return self.table_version if self.ep == "dml" else self.asked
+
+    @property
+    def deployed_version(self) -> str | None:
+        """The version a session configuration names for deployment: on DirectML the version passes
+        reasoned about (the one asked for, else the newest table); elsewhere the version asked for,
+        None meaning the caller names the version it checked against."""
+        return self.ort_version if self.ep == "dml" else self.asked
+
     def describe(self) -> str:
         """One line for reports: 'dml, ORT 1.23 (the newest DirectML table)'."""
         if self.ort_version is None:

@@ -1,12 +1,10 @@
 """Choosing among the variants the passes offer, by timing them as they would be written.
 
 Passes only offer variants (an option with ``tunable=True``); this module measures them.
-Which options are measured here:
-  1. a tunable option the user set to ``auto`` (one left at its ``auto`` default takes its documented
-     default without ``--tune``: a plain optimize times nothing but the result);
-  2. with ``--tune``, every tunable option the user did not set, even one whose default is
-     not ``auto`` (fp16: off/on); the target provider must be on this machine
-     (``require_target`` raises before any work).
+`decide` says, for each tunable option, whether it is timed, takes its documented default or
+keeps the user's value (its docstring lists the cases).  The choices go into the option store
+apart from the user's settings (`OptionStore.with_choices`), so the user's values are never
+overwritten and the report shows both.
 
 Why candidates are whole pipelines: a variant's speed depends on what the later passes do
 to it, above all on the precision (fused attention loses to MatMul+Softmax in float32 on
@@ -35,16 +33,15 @@ import onnx_ir as ir
 
 from dmlopt import bench, runtime
 from dmlopt.errors import DmlOptError, ProviderError, UsageError
-from dmlopt.passes import DmlPass, Option, PassContext
-from dmlopt.passes._base import precision_of
+from dmlopt.passes import DmlPass, Option, OptionStore, PassContext
 from dmlopt.validate import DEFAULT_TOLERANCES, validate
 
 TUNE_RUNS = 15
 TUNE_WARMUP = 3
 # A result within this fraction of the fastest counts as as fast (alternating medians still vary this much).
 NOISE = 0.02
-# The option that decides the precision the model is written in: decided before the others.
-PRECISION_OPTION = "fp16"
+# The option that decides the precision the model is written in (pass, option): decided before the others.
+PRECISION_PASS, PRECISION_OPTION = "fp16", "fp16"
 
 
 
@@ -53,7 +50,7 @@ class Runner(Protocol):
 
     passes: Sequence[type[DmlPass]]
 
-    def __call__(self, model: ir.Model, options: dict[str, Any], *, start: int = 0, stop: int | None = None,
+    def __call__(self, model: ir.Model, options: OptionStore, *, start: int = 0, stop: int | None = None,
                  only: set[int] | None = None) -> tuple[ir.Model, dict[int, bool]]:
         """Passes [start, stop) (only those indices, when given) on `model` in place, each checked as the
         pipeline checks it; returns the model and, per pass that ran, whether it changed the graph."""
@@ -74,11 +71,66 @@ def require_validation(tune: bool, validate: bool) -> None:
         raise UsageError("--tune runs and validates every candidate, --no-validate runs nothing: drop one of them")
 
 
-def pending(p, context) -> list:
-    """The options of pass `p` to choose now (cases 1 and 2 of the module docstring)."""
-    tuning = context.engine.tune
-    return [opt for opt in p.options if opt.tunable and (
-        p.option(opt.name) == "auto" or (tuning and opt.name not in context.options))]
+def precision_of(options: OptionStore) -> str:
+    """The precision a pipeline with these options writes: float16 when the fp16 option is on, as
+    set or as chosen (the engine decides it; passes read it from `PassContext.precision`)."""
+    return "float16" if options.value(PRECISION_PASS, PRECISION_OPTION) is True else "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """How one tunable option gets its value: "user" (the user's value or the option's plain
+    default: nothing to choose), "timed", or "default" (the documented default; `why` nothing was timed)."""
+
+    how: str
+    why: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.how != "user"
+
+
+LEFT_AT_AUTO = "not timed: left at auto without --tune (set it to auto, or --tune, to measure)"
+
+
+def decide(opt: Option, p: DmlPass, *, tune: bool, not_runnable: str | None) -> Decision:
+    """Timed, documented default or the user's value, for option `opt` of pass `p`.
+
+    `not_runnable`: None where candidates can be run here (the target's provider is present and
+    validation is on), else why not (said in the report).
+      1. Not tunable, or set by the user to a value other than "auto": the user's value (else the
+         option's default); nothing to choose.
+      2. Set to "auto" by the user: timed; where nothing can run, the documented default.
+      3. Left unset, with --tune: timed, even where its default is not "auto" (fp16: off/on).
+         --tune requires the target's provider and validation (checked before any work).
+      4. Left unset at an "auto" default, without --tune: the documented default, untimed (a plain
+         optimize times nothing but the result).
+      5. Left unset at a default other than "auto", without --tune: the option's default (case 1).
+    The documented default is per target and precision (`Option.default_for`).
+    """
+    values = p.own_options
+    if not opt.tunable or values.is_set(opt.name) and values.settings[opt.name] != "auto":
+        return Decision("user")  # case 1
+    if values.is_set(opt.name) or tune:  # cases 2 and 3
+        return Decision("timed") if not_runnable is None else Decision("default", not_runnable)
+    if opt.default == "auto":  # case 4
+        return Decision("default", LEFT_AT_AUTO if not_runnable is None else not_runnable)
+    return Decision("user")  # case 5
+
+
+def not_runnable(target: str, validate_output: bool) -> str | None:
+    """Why no candidate can be run here (None: they can)."""
+    if not validate_output:
+        return "not timed: --no-validate runs nothing"
+    if not runtime.has_target(target):
+        return (f"not timed: {runtime.PROVIDERS[target]} is not on this machine; run `dmlopt optimize --tune "
+                f"--target {target}` on the target machine to measure")
+    return None
+
+
+def pending(p: DmlPass, context: PassContext) -> list[Option]:
+    """The options of pass `p` to choose now (timed or documented default: `decide`)."""
+    return [opt for opt in p.options if decide(opt, p, tune=context.engine.tune, not_runnable=None).pending]
 
 
 def candidates(opt) -> list:
@@ -89,9 +141,10 @@ def candidates(opt) -> list:
     return [opt.default]
 
 
-def validation_tolerances(options, atol: float | None, rtol: float | None) -> tuple[float | None, float | None]:
-    """float16 tolerances when fp16 ran (its outputs may be float32 with keep_io_types, the error is not)."""
-    if precision_of(options) != "float16":
+def validation_tolerances(precision: str, atol: float | None, rtol: float | None) -> tuple[float | None, float | None]:
+    """float16 tolerances for a model written in float16 (its outputs may be float32 with keep_io_types,
+    the error is not)."""
+    if precision != "float16":
         return atol, rtol
     half_atol, half_rtol = DEFAULT_TOLERANCES["float16"]
     return (half_atol if atol is None else atol), (half_rtol if rtol is None else rtol)
@@ -99,73 +152,90 @@ def validation_tolerances(options, atol: float | None, rtol: float | None) -> tu
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One option to choose: `option` of the pass at `index` in the pipeline."""
+    """One option to choose: `option` of the pass at `index` in the pipeline, and how (`decide`)."""
 
     index: int
     pass_name: str
     option: Option
+    decision: Decision = Decision("timed")
 
 
 @dataclasses.dataclass
 class Outcome:
-    """What tuning decided: the value of every pending option, and the report's records."""
+    """What tuning decided: the value of every pending option (pass name -> option -> value, the
+    engine's choices, kept apart from the user's settings), and the report's records."""
 
-    options: dict[str, Any]
+    choices: dict[str, dict[str, Any]]
     records: list[tuple[str, str, Any, dict[str, Any]]]  # (pass, option, choice, record)
     # Indices of the passes to run for the output (None: all); set when the input itself won.
     only: set[int] | None = None
 
 
-def steps(pass_classes: Sequence[type[DmlPass]], context: PassContext) -> list[Step]:
-    """The options to choose, in the order they are decided: the precision first, then pipeline order."""
-    found = [Step(i, cls.name, opt) for i, cls in enumerate(pass_classes) for opt in pending(cls(context), context)]
+def steps(pass_classes: Sequence[type[DmlPass]], context: PassContext, *,
+          validate_output: bool = True) -> list[Step]:
+    """The options to choose, each with its `decide` decision, in the order they are decided: the
+    precision first, then pipeline order."""
+    why = not_runnable(context.target.ep, validate_output)
+    found = []
+    for index, cls in enumerate(pass_classes):
+        p = cls(context)
+        for opt in p.options:
+            decision = decide(opt, p, tune=context.engine.tune, not_runnable=why)
+            if decision.pending:
+                found.append(Step(index, cls.name, opt, decision))
     return sorted(found, key=lambda s: (s.option.name != PRECISION_OPTION, s.index))
 
 
 def resolve(order: Sequence[Step], original: ir.Model, context: PassContext, run: Runner, *,
-            validate_output: bool = True, check: Mapping[str, Any] | None = None, progress=None) -> Outcome:
-    """Choose every option of `order` (from `steps`): measured where the target is here and validation is on."""
+            check: Mapping[str, Any] | None = None, progress=None) -> Outcome:
+    """Choose every option of `order` (from `steps`): time those decided "timed", give the others
+    their documented default."""
     if not order:
         return Outcome({}, [])
-    target = context.target.ep
-    if validate_output and runtime.has_target(target):
-        tuning = context.engine.tune
-        timed = [s for s in order if tuning or context.options.get(s.option.name) == "auto"]
-        untimed = _documented_defaults([s for s in order if s not in timed], context,
-                                       "not timed: left at auto without --tune (set it to auto, or --tune, to measure)")
-        if not timed:
-            return untimed
-        fixed = dataclasses.replace(context, options={**context.options, **untimed.options})
-        outcome = _Tuner(timed, original, fixed, run, dict(check or {}), progress).tune()
-        return Outcome({**untimed.options, **outcome.options}, untimed.records + outcome.records, outcome.only)
-    if context.engine.tune:
-        require_target(target)
-    if not validate_output:
-        why = "not timed: --no-validate runs nothing"
-    else:
-        why = (f"not timed: {runtime.PROVIDERS[target]} is not on this machine; run `dmlopt optimize --tune "
-               f"--target {target}` on the target machine to measure")
-    return _documented_defaults(order, context, why)
+    if context.engine.tune and not runtime.has_target(context.target.ep):
+        require_target(context.target.ep)
+    untimed = _documented_defaults([s for s in order if s.decision.how == "default"], context)
+    timed = [s for s in order if s.decision.how == "timed"]
+    if not timed:
+        return untimed
+    fixed = dataclasses.replace(context, options=context.options.with_choices(untimed.choices))
+    outcome = _Tuner(timed, original, fixed, run, dict(check or {}), progress).tune()
+    return Outcome(_merged(untimed.choices, outcome.choices), untimed.records + outcome.records, outcome.only)
 
 
-def _documented_defaults(order: Sequence[Step], context: PassContext, why: str) -> Outcome:
-    options = dict(context.options)
+def _merged(*choices: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for each in choices:
+        for pass_name, values in each.items():
+            merged.setdefault(pass_name, {}).update(values)
+    return merged
+
+
+def _by_pass(order: Sequence[Step], options: OptionStore) -> dict[str, dict[str, Any]]:
+    """The values `options` holds for the options of `order`, pass name -> option -> value."""
+    return _merged(*({s.pass_name: {s.option.name: options.value(s.pass_name, s.option.name)}} for s in order))
+
+
+def _documented_defaults(order: Sequence[Step], context: PassContext) -> Outcome:
+    """Each option of `order` at its documented default for the target and the precision written."""
+    options = context.options
     records = []
-    for step in order:
+    for step in order:  # the precision option comes first, so the others see its value
         precision = precision_of(options)
         value = step.option.default_for(context.target.ep, precision)
-        options[step.option.name] = value
+        options = options.chose(step.pass_name, step.option.name, value)
         source = step.option.default_provenance(context.target.ep, precision)
         records.append((step.pass_name, step.option.name, value, {
-            "how": f"{why}; {source}", "precision": precision, "default_from": source, "candidates": {}}))
-    return Outcome({s.option.name: options[s.option.name] for s in order}, records)
+            "how": f"{step.decision.why}; {source}", "precision": precision, "default_from": source,
+            "candidates": {}}))
+    return Outcome(_by_pass(order, options), records)
 
 
 @dataclasses.dataclass
 class _Build:
     """A candidate: the pipeline's output under `options`, validated."""
 
-    options: dict[str, Any]
+    options: OptionStore
     model: ir.Model | None
     max_rel_error: float = 0.0
     rejected: str | None = None
@@ -186,25 +256,32 @@ class _Tuner:
         self.progress = progress
         self.plan: dict[str, Any] = {}  # the options decided so far
         self.names = [s.option.name for s in self.order]
+        self.owners = {s.option.name: s.pass_name for s in self.order}
         self._prefix: tuple[int, ir.Model] | None = None  # (pass index, the model before it) under the plan
         self.default = self.build(self.resolved({}), label="the default pipeline")
         self.best = self.default
 
     # -- options --------------------------------------------------------------
-    def resolved(self, plan: Mapping[str, Any]) -> dict[str, Any]:
-        """Every pending option's value: decided in `plan`, else its default for the target and precision."""
-        options = dict(self.context.options)
+    def resolved(self, plan: Mapping[str, Any]) -> OptionStore:
+        """The store with every pending option chosen: as decided in `plan` (by option name), else
+        at its default for the target and precision."""
+        options = self.context.options
         for step in self.order:  # the precision option comes first, so the others see its value
             name = step.option.name
-            options[name] = plan[name] if name in plan else step.option.default_for(
+            value = plan[name] if name in plan else step.option.default_for(
                 self.context.target.ep, precision_of(options))
+            options = options.chose(step.pass_name, name, value)
         return options
 
-    def key(self, options: Mapping[str, Any]) -> tuple:
-        return tuple((n, repr(options[n])) for n in self.names)
+    def value(self, options: OptionStore, name: str) -> Any:
+        """The value of pending option `name` under `options`."""
+        return options.value(self.owners[name], name)
+
+    def key(self, options: OptionStore) -> tuple:
+        return tuple((n, repr(self.value(options, n))) for n in self.names)
 
     # -- building candidates ----------------------------------------------------
-    def build(self, options: dict[str, Any], *, label: str, start: int = 0, model: ir.Model | None = None,
+    def build(self, options: OptionStore, *, label: str, start: int = 0, model: ir.Model | None = None,
               only: set[int] | None = None) -> _Build:
         """Run the pipeline (from pass `start` on `model`, else from the input) and validate the output."""
         if self.progress:
@@ -212,7 +289,7 @@ class _Tuner:
         try:
             out, modified = self.run(model if model is not None else self.original.clone(), options,
                                      start=start, only=only)
-            atol, rtol = validation_tolerances(options, self.check.get("atol"), self.check.get("rtol"))
+            atol, rtol = validation_tolerances(precision_of(options), self.check.get("atol"), self.check.get("rtol"))
             v = validate(self.original, out, shapes=self.context.shapes, dims=self.context.dims,
                          inputs=self.check.get("inputs"), atol=atol, rtol=rtol)
         except DmlOptError as e:  # a candidate that breaks is reported, never shipped, never fatal
@@ -249,13 +326,13 @@ class _Tuner:
                 if winner != "tuned":
                     record["overruled"] = f"the final comparison kept the {_RESULTS[winner]} (faster)"
             records.append(("pipeline", "result", winner, final))
-        records = [(p, n, options[n] if p != "pipeline" else c, r) for p, n, c, r in records]
-        return Outcome({n: options[n] for n in self.names}, records, only)
+        records = [(p, n, self.value(options, n) if p != "pipeline" else c, r) for p, n, c, r in records]
+        return Outcome(_by_pass(self.order, options), records, only)
 
     def decide(self, step: Step) -> tuple[str, str, Any, dict[str, Any]]:
         """Choose `step`'s option: each candidate's whole-pipeline output, validated, timed together."""
         opt, name, index = step.option, step.option.name, step.index
-        current = self.resolved(self.plan)[name]
+        current = self.value(self.resolved(self.plan), name)
         choices = candidates(opt)
         builds: dict[Any, _Build] = {}
         same_output: dict[str, str] = {}
@@ -328,7 +405,7 @@ class _Tuner:
             if only:  # the user asked for float16: the input converted, nothing else
                 entry = self.build(self.resolved(self.plan), label="the input in float16", only=only)
             else:
-                entry = _Build(dict(self.context.options), self.original)
+                entry = _Build(self.context.options, self.original)
             if entry.rejected:
                 rejected["input"] = entry.rejected
             else:
@@ -347,9 +424,9 @@ class _Tuner:
 
     def input_passes(self) -> set[int]:
         """What 'the input' still goes through: the float16 conversion when the user asked for it, else nothing."""
-        if self.context.options.get(PRECISION_OPTION) is not True:
+        if self.context.options.value(PRECISION_PASS, PRECISION_OPTION) is not True:
             return set()
-        return {i for i, cls in enumerate(self.run.passes) if any(o.name == PRECISION_OPTION for o in cls.options)}
+        return {i for i, cls in enumerate(self.run.passes) if cls.name == PRECISION_PASS}
 
     def time(self, builds: Mapping[str, _Build], baseline: str, what: str) -> dict[str, Any]:
         return bench.compare({label: b.model for label, b in builds.items()}, self.context.target.ep, runs=TUNE_RUNS,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from dmlopt.passes._base import DmlPass, EngineSettings, Option, PassContext, Site, SiteRule, apply_rules
+from dmlopt.passes._options import OptionStore, PassOptions, check_unique_options
 
 # One line per module; the pass classes are looked up in them.
 _MODULES = [
@@ -44,17 +45,5 @@ def all_passes() -> dict[str, type[DmlPass]]:
     return {cls.name: cls for cls in found}
 
 
-def check_unique_options(classes) -> None:
-    """Refuse (a dmlopt bug, at load) two passes declaring the same option: the CLI flags and the
-    keywords of ``dmlopt.optimize`` are flat, so one would silently set the other."""
-    owner: dict[str, str] = {}
-    for cls in classes:
-        for opt in cls.options:
-            if opt.name in owner and owner[opt.name] != cls.name:
-                raise TypeError(f"passes '{owner[opt.name]}' and '{cls.name}' both declare option "
-                                f"'{opt.name}' ({opt.flag}): option names must be unique")
-            owner[opt.name] = cls.name
-
-
-__all__ = ["DmlPass", "EngineSettings", "Option", "PassContext", "Site", "SiteRule", "all_passes", "apply_rules",
-           "check_unique_options"]
+__all__ = ["DmlPass", "EngineSettings", "Option", "OptionStore", "PassContext", "PassOptions", "Site", "SiteRule",
+           "all_passes", "apply_rules", "check_unique_options"]

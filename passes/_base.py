@@ -17,62 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt import shape_inference
+from dmlopt.passes._options import Option, OptionStore, PassOptions
 from dmlopt.target import DEFAULT_TARGET, Target
 
 
-@dataclasses.dataclass(frozen=True)
-class Option:
-    """A user-facing knob of a pass (``--leaky-relu auto``, ``leaky_relu="auto"``)."""
-
-    name: str  # python name; the CLI flag is "--" + name with "_" -> "-"
-    default: Any
-    help: str
-    choices: Sequence[str] | None = None
-    type: Callable[[str], Any] = str
-    # "auto" set by the user, or any option under --tune, is measured on the target (dmlopt.tune).
-    tunable: bool = False
-    # What "auto" means when nothing is measured: target -> choice, or target -> {precision -> choice}
-    # where the better choice depends on the precision the model is written in (float32, float16).
-    auto_default: Mapping[str, Any] | None = None
-    # Where those defaults come from, per target (what was measured, or the reasoning): in the report.
-    auto_default_source: Mapping[str, str] | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def default_for(self, target: str, precision: str = "float32") -> Any:
-        """The choice "auto" stands for on `target` when nothing is measured, for a model written in `precision`."""
-        default = (self.auto_default or {}).get(target)
-        if isinstance(default, Mapping):
-            default = default.get(precision, default.get("float32"))
-        if default is not None:
-            return default
-        if self.default != "auto":
-            return self.default
-        choices = [c for c in (self.choices or ()) if c != "auto"]
-        return "keep" if "keep" in choices else choices[0]
-
-    def default_provenance(self, target: str, precision: str = "float32") -> str:
-        """Says which default applied and why: per target and, where it differs, per precision."""
-        per_precision = isinstance((self.auto_default or {}).get(target), Mapping)
-        where = f"--target {target}" + (f" in {precision}" if per_precision else "")
-        if self.auto_default is None or target not in self.auto_default:
-            return "the option's default"
-        source = (self.auto_default_source or {}).get(target)
-        return f"the documented default for {where}" + (f" ({source})" if source else "")
-
-
-def precision_of(options: Mapping[str, Any]) -> str:
-    """The precision a pipeline with these options writes: float16 when the fp16 pass runs."""
-    return "float16" if options.get("fp16") is True else "float32"
+PRECISIONS = ("float32", "float16")  # what a pipeline may write the model in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,28 +40,35 @@ class EngineSettings:
 
 @dataclasses.dataclass
 class PassContext:
-    """What a pass may know about the job: the resolved target and the user's settings.
+    """What a pass may know about the job: the resolved target, the precision written, the options.
 
     `target` is a `dmlopt.target.Target`, resolved once by `dmlopt.optimize`.  With no
     arguments (a pass run alone) it is DEFAULT_TARGET: DirectML on the newest DirectML table.
     A test may give ``target="cuda", ort_version="1.18"`` instead: they are resolved here.
-    `options` holds pass option values by option name (names are unique across passes: the
-    registry refuses a repeated one), set by the user or resolved by tuning; a pass reads its
-    own through `DmlPass.option` / `DmlPass.option_values`.  `engine`: the pipeline's settings.
+    `precision`: the element type the pipeline writes the model in ("float16" when the fp16 pass
+    converts it), decided by the engine, so a pass whose best form depends on it need not look
+    at another pass's option.  `options`: an `OptionStore` (the user's settings and the engine's
+    choices, by pass name); a pass reads its own through `DmlPass.option`.  A mapping of values by
+    option name stands for a store for a pass run alone.  `engine`: the pipeline's own settings.
     """
 
     target: Target | str = DEFAULT_TARGET
     ort_version: dataclasses.InitVar[str | None] = None  # with a str target only
     shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     dims: dict[str, int] = dataclasses.field(default_factory=dict)
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    options: OptionStore | Mapping[str, Any] = dataclasses.field(default_factory=OptionStore)
     engine: EngineSettings = EngineSettings()
+    precision: str = "float32"
 
     def __post_init__(self, ort_version: str | None) -> None:
         if isinstance(self.target, str):
             self.target = Target.resolve(self.target, ort_version)
         elif ort_version is not None and ort_version != self.target.asked:
             raise ValueError("PassContext: ort_version goes with a str target; a Target carries its own")
+        if not isinstance(self.options, OptionStore):
+            self.options = OptionStore.of_names(self.options)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"PassContext: precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
 
 
 @dataclasses.dataclass
@@ -148,17 +111,15 @@ class DmlPass(ir.passes.InPlacePass):
         self.sites: list[Site] = []
         self.notes: list[str] = []
         self._seen: set[tuple[str, str, str]] = set()
+        self.own_options: PassOptions = self.context.options.of(type(self))  # its own, no other pass's
 
     # -- settings -----------------------------------------------------------
     def option(self, name: str) -> Any:
-        for opt in self.options:
-            if opt.name == name:
-                return self.context.options.get(name, opt.default)
-        raise KeyError(f"{self.name} has no option {name!r}")
+        return self.own_options[name]
 
     def option_values(self) -> dict[str, Any]:
         """This pass's own options and their values (defaults where unset); no other pass's."""
-        return {opt.name: self.option(opt.name) for opt in self.options}
+        return self.own_options.values()
 
     def resolved_option(self, name: str) -> Any:
         """The option's value, with an 'auto' left unresolved (the pass run outside the pipeline,
@@ -166,10 +127,10 @@ class DmlPass(ir.passes.InPlacePass):
         value = self.option(name)
         if value != "auto":
             return value
-        opt = next(o for o in self.options if o.name == name)
-        precision = precision_of(self.context.options)
-        value = opt.default_for(self.context.target.ep, precision)
-        self.note(f"{name}=auto without tuning: {opt.default_provenance(self.context.target.ep, precision)}, {value}")
+        opt = self.own_options.option(name)
+        ep, precision = self.context.target.ep, self.context.precision
+        value = opt.default_for(ep, precision)
+        self.note(f"{name}=auto without tuning: {opt.default_provenance(ep, precision)}, {value}")
         return value
 
     def enabled(self) -> bool:

@@ -230,7 +230,8 @@ def test_keep_and_old_directml_leave_attention_alone():
 def test_auto_follows_the_target_default_when_run_alone(target, fp16, fused):
     """CUDA's default depends on the precision the model is written in: fused only for float16."""
     model = ir.from_proto(hf_attention())
-    p = AttentionPass(PassContext(target=target, options={"attention": "auto", "fp16": fp16}))
+    p = AttentionPass(PassContext(target=target, options={"attention": "auto"},
+                                  precision="float16" if fp16 else "float32"))
     result = p(model)
     assert (MHA in op_counts(result.model)) is fused
     if target == "cuda":  # the note names the precision whose default applied

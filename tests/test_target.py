@@ -62,6 +62,21 @@ def test_cli_refuses_an_unreadable_version_in_one_line(cli, tmp_path):
     assert not (tmp_path / "out.onnx").exists()
 
 
+@pytest.mark.parametrize("ep, asked, predicted, deployed", [
+    ("dml", None, "newest", "newest"),
+    ("dml", "1.20", "1.18", "1.20"),  # between tables: predicted from the 1.18 table, deployed as asked
+    ("dml", "1.10", "1.14", "1.10"),
+    ("cuda", None, None, None),        # this onnxruntime build: the caller names it
+    ("cuda", "1.18", "1.18", "1.18"),
+    ("cpu", "1.20", "1.20", "1.20"),
+])
+def test_the_version_predicted_from_and_the_version_deployed(ep, asked, predicted, deployed):
+    target = Target.resolve(ep, asked)
+    newest = available_versions()[-1]
+    expected = tuple(newest if v == "newest" else v for v in (predicted, deployed))
+    assert (target.predicted_version, target.deployed_version) == expected
+
+
 def test_pass_context_defaults_to_the_documented_target_and_resolves_strings():
     assert PassContext().target == DEFAULT_TARGET == Target.resolve("dml", None)
     context = PassContext(target="cuda", ort_version="1.18")

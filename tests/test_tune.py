@@ -107,15 +107,38 @@ def test_pending_options():
     assert [o.name for o in tune.pending(Fp16Pass(auto), auto)] == ["fp16"]
 
 
+NOT_HERE = "not timed: the provider is not here"
+
+
+@pytest.mark.parametrize("option, setting, tuning, runnable, expected", [
+    ("keep_io_types", False, True, True, ("user", None)),                 # 1. not tunable
+    ("attention", "keep", True, True, ("user", None)),                    # 1. set by the user
+    ("attention", "auto", False, True, ("timed", None)),                  # 2. set to auto
+    ("attention", "auto", False, False, ("default", NOT_HERE)),           # 2. nothing can run
+    ("fp16", None, True, True, ("timed", None)),                          # 3. unset, --tune, default off
+    ("attention", None, True, False, ("default", NOT_HERE)),              # 3. nothing can run
+    ("attention", None, False, True, ("default", tune.LEFT_AT_AUTO)),     # 4. unset at auto, no --tune
+    ("attention", None, False, False, ("default", NOT_HERE)),             # 4. nothing can run
+    ("fp16", None, False, True, ("user", None)),                          # 5. unset, default not auto
+])
+def test_one_place_decides_timed_default_or_the_user_s_value(option, setting, tuning, runnable, expected):
+    cls = AttentionPass if option == "attention" else Fp16Pass
+    p = cls(PassContext(target="cpu", options={option: setting}))
+    opt = p.own_options.option(option)
+    decision = tune.decide(opt, p, tune=tuning, not_runnable=None if runnable else NOT_HERE)
+    assert (decision.how, decision.why) == expected
+    assert decision.pending == (expected[0] != "user")
+
+
 def test_candidates_of_a_bool_option_are_off_then_on():
     assert tune.candidates(fp16_option()) == [False, True]
 
 
 def test_fp16_uses_float16_tolerances_unless_given():
     half = DEFAULT_TOLERANCES["float16"]
-    assert tune.validation_tolerances({"fp16": True}, None, None) == half
-    assert tune.validation_tolerances({"fp16": True}, 0.5, None) == (0.5, half[1])
-    assert tune.validation_tolerances({"fp16": False}, None, None) == (None, None)
+    assert tune.validation_tolerances("float16", None, None) == half
+    assert tune.validation_tolerances("float16", 0.5, None) == (0.5, half[1])
+    assert tune.validation_tolerances("float32", None, None) == (None, None)
 
 
 # -- defaults per precision -------------------------------------------------------------------
@@ -130,7 +153,7 @@ def test_the_attention_default_for_cuda_depends_on_the_precision():
     assert opt.default_provenance("cpu", "float32") == "the documented default for --target cpu"
     assert fp16_option().default_provenance("cuda") == "the option's default"
     # A pass run outside the pipeline resolves 'auto' the same way.
-    half = AttentionPass(PassContext(target="cuda", options={"fp16": True}))
+    half = AttentionPass(PassContext(target="cuda", precision="float16"))
     assert half.resolved_option("attention") == "fuse"
     assert AttentionPass(PassContext(target="cuda")).resolved_option("attention") == "keep"
 
@@ -175,6 +198,30 @@ def test_an_option_left_at_auto_takes_its_default_untimed_without_tune(monkeypat
     record = choice(result, "attention")
     assert record["how"].startswith("not timed: left at auto") and record["candidates"] == {}
     assert record["choice"] == attention_option().default_for("cpu", "float16") == "keep"  # timing says fuse
+
+
+def test_the_tuner_s_choice_does_not_overwrite_the_user_s_setting(monkeypatch, attention_model):
+    """The user's "auto" stays the user's setting; the timed choice is the engine's, and the report shows both."""
+    fake_timer(monkeypatch, sam_like)
+    seen = []
+    call = AttentionPass.call
+
+    def spy(self, model):
+        seen.append(self.own_options)
+        return call(self, model)
+
+    monkeypatch.setattr(AttentionPass, "call", spy)
+    result = dmlopt.optimize(attention_model, target="cpu", fp16=True, attention="auto", retime=False)
+    assert result.passed
+    written = seen[-1]  # the run that wrote the output
+    assert written.settings == {"attention": "auto"} and written["attention"] == "fuse"
+    assert written.resolved_by("attention") == "engine"
+    assert all(dict(s.settings) == {"attention": "auto"} for s in seen)  # every candidate kept the setting
+    assert result.report.options == {"fp16": True, "attention": "auto", "tune": False}
+    assert choice(result, "attention")["choice"] == "fuse"
+    report = result.report.to_dict()
+    assert report["options"]["attention"] == "auto"
+    assert [c["choice"] for c in report["choices"] if c["option"] == "attention"] == ["fuse"]
 
 
 def test_with_tune_the_precision_is_decided_first(monkeypatch, attention_model):

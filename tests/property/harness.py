@@ -56,7 +56,8 @@ def run_case(case: Case, pass_name: str, outcomes: Outcomes | None = None, *,
         assume(False)
     result = dmlopt.optimize(case.model, passes=[pass_name], retime=False, **kwargs)
     assert result.passed, f"{pass_name} broke numerics:\n{result.report.to_table()}"
-    atol, rtol = tune.validation_tolerances(result.report.options, None, None)
+    precision = "float16" if result.report.options.get("fp16") is True else "float32"
+    atol, rtol = tune.validation_tolerances(precision, None, None)
     for feed in case.feeds:
         v = dmlopt.validate(case.model, result.model, inputs=feed, shapes=kwargs.get("shapes"),
                             dims=kwargs.get("dims"), atol=atol, rtol=rtol)
