@@ -23,6 +23,10 @@ What a measurement holds, and why:
   6. A CUDA graph (``cuda_graph=True``: enable_cuda_graph=1) replays fixed device addresses, so
      inputs and outputs are bound to OrtValues allocated once; a model that cannot be captured
      (nodes off the GPU, copies, outputs of unknown shape) is a one-line error naming why.
+  7. Sessions start from the model's own weights (``runtime.session(share_weights=True)``: ORT
+     gets them in memory before its rewrites, prepacking as from a file), and the models timed
+     together share one host copy of each weight they have in common (``runtime.WeightValues``):
+     tuning times every candidate at once, and the candidates share most weights.
 """
 
 from __future__ import annotations

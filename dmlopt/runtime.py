@@ -250,7 +250,7 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
         if rewrites and hasattr(so, "add_external_initializers"):
             try:
                 return _shared_session(rt, model, so, providers, weight_cache, external=True)
-            except InputError:
+            except (InputError, RuntimeError):  # ORT's own errors are RuntimeErrors
                 pass  # e.g. an EP that cannot read weights given in memory: the serialized model below
         elif not rewrites:
             so.add_session_config_entry("session.disable_prepacking", "1")

@@ -367,3 +367,17 @@ def test_timing_sessions_share_one_host_copy_of_the_weights_and_compute_the_same
     shared = dict(first.session.dmlopt_shared_weights)
     assert "m" in shared and "w" in shared  # the weights ORT's rewrites and prepacking read
     assert all(shared[name] is value for name, value in second.session.dmlopt_shared_weights)
+
+
+def test_a_timing_session_that_cannot_share_the_weights_starts_from_the_serialized_model(monkeypatch):
+    model = _conv_batchnorm_matmul()
+    feeds = runtime.random_inputs(runtime.input_specs(model))
+    expected = runtime.session(model).run(None, feeds)[0]
+
+    def refuse(*args, **kwargs):
+        raise InputError("ONNX Runtime cannot load the model: weights in memory not supported")
+
+    monkeypatch.setattr(runtime, "_shared_session", refuse)
+    timer = bench.Timer(model, "cpu", feeds=feeds, profile=False)
+    assert not hasattr(timer.session, "dmlopt_shared_weights")
+    np.testing.assert_array_equal(timer.run_outputs()[0], expected)
