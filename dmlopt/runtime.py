@@ -141,7 +141,7 @@ def shared_weights_source(model: ir.Model, cache: WeightValues | None = None
     empty placeholder file, so a read of it (which sharing never does) would fail, not see zeros.
     `cache`: the OrtValues come from it (shared with other sessions) instead of fresh arrays.
     """
-    cache = cache or WeightValues()
+    cache = WeightValues() if cache is None else cache
     shared = shareable_weights(model)
     chosen = set(shared)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="dmlopt-ort-"))
@@ -209,9 +209,10 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
       - with ORT's rewrites (timing, any EP): ``add_external_initializers``, which ORT puts into
         the graph before its rewrites (``add_initializer`` is bound only after them, so a rewrite
         reading a weight would read the empty placeholder).  ORT keeps prepacking a weight given
-        this way, so the CPU EP runs the same kernels on the same packed weights as from a file;
-        ORT takes its own copy of each weight, so what is saved is the serialized model and a
-        host copy per session.  On GPU EPs the weights are copied to the device either way.
+        this way, so the CPU EP runs the same kernels on the same packed weights as from a file
+        (its shared-initializer path, ``add_initializer``, would too, but it binds too late).
+        ORT (1.32) still makes its own copy of each weight: what is saved is the serialized model
+        and, with `weight_cache`, a host copy per session.  On GPU EPs the weights are copied to the device either way.
     A session that cannot start this way (an ORT build or EP without the API) starts from the
     serialized model."""
     check_function_expansion(model)  # ORT inlines every call when it loads the model
