@@ -2,6 +2,7 @@
 
     python benchmarks/memory.py                     # SAM ViT-B, 1024 px, random weights (as exported)
     python benchmarks/memory.py --img-size 256      # ViT-B's weights at 256 px (quicker export, same weights)
+    python benchmarks/memory.py --tuning            # timing and --tune on a wide CNN (models/cnn.py)
 
 The encoder is Meta's ImageEncoderViT with ViT-B's sizes and seeded random weights, exported
 with the TorchScript exporter (models/sam_encoder.py).  Each row runs in a fresh subprocess:
@@ -17,6 +18,12 @@ validation criterion: what dmlopt adds on top of ORT's own peak for the larger o
 ("x model above ORT"), which is the memory a caller that validates pays for dmlopt.
 Validation runs the original and the rewritten encoder on ORT: at 1024 px the activations
 of the attention blocks (12 x 4096 x 4096 floats each) are part of that peak.
+
+``--tuning``: the timing sessions instead, on models/cnn.py's CNN with `--channels` (512: 47 MB of
+Conv weights, 32 x 32 px so activations are small; its LeakyRelu has 5 strategies to tune):
+`dmlopt optimize --target cpu` (validation, then the input and the output timed in alternation)
+and `... --tune` (every candidate of an option timed together).  Peak is the growth of the
+process's peak RSS during the call (VmHWM reset after the imports), as a multiple of the model.
 """
 
 from __future__ import annotations
@@ -40,10 +47,35 @@ ROWS = {
     "onnxscript optimizer": None,
 }
 ORT_ROWS = ("ORT alone: input", "ORT alone: dmlopt's output")
+TUNING_ROWS = {
+    "dmlopt optimize --target cpu": ["--target", "cpu"],
+    "dmlopt optimize --target cpu --tune": ["--target", "cpu", "--tune"],
+}
+
+
+def status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def tuning_worker(row: str, source: str, dest: str) -> dict:
+    """One tuning row: the peak's growth during the call (Linux: VmHWM reset after the imports)."""
+    from dmlopt import cli
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = status_kb("VmRSS")
+    t0 = time.perf_counter()
+    code = cli.main(["optimize", source, "-o", dest, "-q", *TUNING_ROWS[row]])
+    if code != 0:
+        raise SystemExit(f"dmlopt optimize exited {code}")
+    return {"seconds": time.perf_counter() - t0, "peak_bytes": (status_kb("VmHWM") - base) * 1024}
 
 
 def worker(row: str, source: str, dest: str) -> dict:
     """Run one row in this (fresh) process; its time and this process's peak RSS."""
+    if row in TUNING_ROWS:
+        return tuning_worker(row, source, dest)
     if row in ORT_ROWS:
         t0 = time.perf_counter()
         ort_alone(source)
@@ -112,9 +144,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--img-size", type=int, default=1024, help="image size of the encoder (default 1024)")
     parser.add_argument("--model", help="an existing .onnx to measure instead of exporting one")
+    parser.add_argument("--tuning", action="store_true", help="the timing sessions: a wide CNN, timed and tuned")
+    parser.add_argument("--channels", type=int, default=512, help="the CNN's width with --tuning (default 512)")
     args = parser.parse_args(argv)
 
     from dmlopt.validate import format_table
+
+    if args.tuning:
+        return tuning(args.channels, format_table)
 
     with tempfile.TemporaryDirectory(prefix="dmlopt_memory_bench.") as tmp:
         folder = pathlib.Path(tmp)
@@ -136,6 +173,25 @@ def main(argv=None) -> int:
 
     print(f"model: {source.name if args.model else f'SAM ViT-B {args.img_size} px, random weights'}, "
           f"{size / 1e6:.1f} MB ({'given' if args.model else f'exported in {exported:.0f} s'}); "
+          f"{os.cpu_count()} CPUs")
+    print(format_table(rows))
+    return 0
+
+
+def tuning(channels: int, format_table) -> int:
+    import onnx
+
+    from models.cnn import build_cnn
+
+    with tempfile.TemporaryDirectory(prefix="dmlopt_memory_bench.") as tmp:
+        source = pathlib.Path(tmp) / "cnn.onnx"
+        onnx.save(build_cnn(channels=channels, height=32, width=32), source)
+        size = source.stat().st_size
+        results = {row: run_row(row, source, pathlib.Path(tmp) / f"out{i}.onnx") for i, row in enumerate(TUNING_ROWS)}
+    rows = [("run", "seconds", "peak RSS growth MB", "x model bytes")]
+    for row, r in results.items():
+        rows.append((row, f"{r['seconds']:.1f}", f"{r['peak_bytes'] / 1e6:.0f}", f"{r['peak_bytes'] / size:.2f}"))
+    print(f"model: models/cnn.py build_cnn(channels={channels}, height=32, width=32), {size / 1e6:.1f} MB; "
           f"{os.cpu_count()} CPUs")
     print(format_table(rows))
     return 0

@@ -23,6 +23,10 @@ What a measurement holds, and why:
   6. A CUDA graph (``cuda_graph=True``: enable_cuda_graph=1) replays fixed device addresses, so
      inputs and outputs are bound to OrtValues allocated once; a model that cannot be captured
      (nodes off the GPU, copies, outputs of unknown shape) is a one-line error naming why.
+  7. Sessions start from the model's own weights (``runtime.session(share_weights=True)``: ORT
+     gets them in memory before its rewrites, prepacking as from a file), and the models timed
+     together share one host copy of each weight they have in common (``runtime.WeightValues``):
+     tuning times every candidate at once, and the candidates share most weights.
 """
 
 from __future__ import annotations
@@ -139,7 +143,8 @@ class Timer:
 
     def __init__(self, model: ir.Model, target: str, *, shapes=None, dims=None, feeds=None,
                  provider_options: Mapping[str, Any] | None = None, free_dims: Mapping[str, int] | None = None,
-                 seed: int = 0, io_binding: bool | None = None, profile: bool = True, cuda_graph: bool = False):
+                 seed: int = 0, io_binding: bool | None = None, profile: bool = True, cuda_graph: bool = False,
+                 weight_cache: runtime.WeightValues | None = None):
         if target == "cuda":
             _preload_cuda()
         provider_options = dict(provider_options or {})
@@ -159,7 +164,8 @@ class Timer:
         try:
             self.session = runtime.session(model, target, provider_options=provider_opts or None,
                                            session_config=session_config, free_dims=free_dims,
-                                           profile_dir=self._profile_dir)
+                                           profile_dir=self._profile_dir, share_weights=True,
+                                           weight_cache=weight_cache)
         except InputError as e:
             self._drop_profile_dir()
             if self.cuda_graph:
@@ -416,7 +422,8 @@ def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 
             baseline: str | None = None, progress=None, label: str | None = None, **kw) -> dict[str, Any]:
     """Time several models in alternation; ratios are each model's time over the baseline's, per round."""
     check_counts(runs, warmup)
-    timers = {name: Timer(m, target, profile=warmup > 0, **kw) for name, m in models.items()}
+    cache = runtime.WeightValues()  # the models share most weights: one host copy of each
+    timers = {name: Timer(m, target, profile=warmup > 0, weight_cache=cache, **kw) for name, m in models.items()}
     return alternate(timers, runs=runs, warmup=warmup, baseline=baseline, progress=progress,
                      label=label or f"timing {len(timers)} models on {runtime.PROVIDERS[target]}")
 
@@ -452,10 +459,12 @@ def tune_ep(model: ir.Model, target: str, *, runs: int = 20, warmup: int = 3, pr
     varied = [k for k in (combos[0] if combos else {}) if k not in fixed]
     timers: dict[str, Timer] = {}
     failed: dict[str, str] = {}
+    cache = runtime.WeightValues()
     for options in combos:
         label = option_label(options, varied)
         try:
-            timers[label] = Timer(model, target, provider_options=options, profile=warmup > 0, **kw)
+            timers[label] = Timer(model, target, provider_options=options, profile=warmup > 0, weight_cache=cache,
+                                  **kw)
         except ProviderError:
             raise
         except Exception as e:  # noqa: BLE001 - a combination the provider rejects is reported, not fatal
@@ -534,7 +543,9 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
 
     ``runs=None`` picks 3-10 pairs so that the timed part takes about RETIME_BUDGET_S."""
     feeds = make_inputs(before, after, shapes, dims, inputs)
-    timers = {"before": Timer(before, target, feeds=feeds), "after": Timer(after, target, feeds=feeds)}
+    cache = runtime.WeightValues()
+    timers = {"before": Timer(before, target, feeds=feeds, weight_cache=cache),
+              "after": Timer(after, target, feeds=feeds, weight_cache=cache)}
     if runs is None:
         t0 = time.perf_counter()
         for timer in timers.values():

@@ -111,16 +111,37 @@ SHAREABLE_TYPES = frozenset({
 PLACEHOLDER_FILE = "shared-by-reference.bin"
 
 
+class WeightValues:
+    """One OrtValue per weight tensor, for every session made with this cache.
+
+    Why: a loaded model's tensor makes a new array on each ``numpy()`` (it reads the protobuf's
+    bytes), so without this each session would hold its own host copy; the candidates of one
+    timing round share most tensors (``ir.Model.clone`` shares them), so they share one copy.
+    Each entry keeps its tensor alive, so an id is never reused while the cache lives."""
+
+    def __init__(self) -> None:
+        self._values: dict[int, tuple[ir.TensorProtocol, Any]] = {}
+
+    def get(self, tensor: ir.TensorProtocol):
+        entry = self._values.get(id(tensor))
+        if entry is None or entry[0] is not tensor:
+            value = ort().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(tensor.numpy()))
+            entry = self._values[id(tensor)] = (tensor, value)
+        return entry[1]
+
+
 @contextlib.contextmanager
-def shared_weights_source(model: ir.Model) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+def shared_weights_source(model: ir.Model, cache: WeightValues | None = None
+                          ) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
     """A model file for ORT that holds no large weight, and the weights as OrtValues to share.
 
     Why: serializing for ORT copied every weight twice (proto, then bytes) and ORT made its own
     copy; a weight given with ``SessionOptions.add_initializer`` is used in place instead.  Such
     an initializer must still be declared in the model: it is written as external data in an
     empty placeholder file, so a read of it (which sharing never does) would fail, not see zeros.
+    `cache`: the OrtValues come from it (shared with other sessions) instead of fresh arrays.
     """
-    rt = ort()
+    cache = WeightValues() if cache is None else cache
     shared = shareable_weights(model)
     chosen = set(shared)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="dmlopt-ort-"))
@@ -129,9 +150,9 @@ def shared_weights_source(model: ir.Model) -> Iterator[tuple[str, list[tuple[str
         weights = []
         for value in shared:
             tensor = value.const_value
-            array = np.ascontiguousarray(tensor.numpy())
-            proto.graph.initializer.append(_placeholder(value.name, tensor, array.nbytes))
-            weights.append((value.name, rt.OrtValue.ortvalue_from_numpy(array)))
+            ort_value = cache.get(tensor)
+            proto.graph.initializer.append(_placeholder(value.name, tensor, tensor.nbytes))
+            weights.append((value.name, ort_value))
         (tmp / PLACEHOLDER_FILE).touch()
         path = tmp / "model.onnx"
         with open(path, "wb") as f:
@@ -176,48 +197,79 @@ def _has_external(model: ir.Model) -> bool:
 def session(model: ir.Model, target: str = "cpu", *, provider_options=None, optimize: bool = True,
             session_config: Mapping[str, str] | None = None, free_dims: Mapping[str, int] | None = None,
             profile_dir: str | None = None, log_severity: int | None = None, level: str | None = None,
-            share_weights: bool = False):
+            share_weights: bool = False, weight_cache: WeightValues | None = None):
     """An InferenceSession of `model` on `target`.  `optimize=False` turns ORT's rewrites off,
     which validation uses so that the graph itself is compared, not ORT's version of it;
     `level` names a GraphOptimizationLevel instead (calibration keeps node names with ORT_ENABLE_BASIC).
-    `share_weights` (CPU EP, `optimize=False` only): ORT runs on the model's own weight arrays
-    instead of copies (`shared_weights_source`), where it can; prepacking is then off, as it
-    would copy them again."""
+
+    `share_weights`: ORT starts from the model's own weight arrays (`shared_weights_source`;
+    from `weight_cache` when given) instead of a serialized copy, where it can:
+      - CPU EP without ORT's rewrites (validation): ``add_initializer``, which ORT uses in place;
+        prepacking is then off, as it would copy them again (speed is not measured there).
+      - with ORT's rewrites (timing, any EP): ``add_external_initializers``, which ORT puts into
+        the graph before its rewrites (``add_initializer`` is bound only after them, so a rewrite
+        reading a weight would read the empty placeholder).  ORT keeps prepacking a weight given
+        this way, so the CPU EP runs the same kernels on the same packed weights as from a file
+        (its shared-initializer path, ``add_initializer``, would too, but it binds too late).
+        ORT (1.32) still makes its own copy of each weight: what is saved is the serialized model
+        and, with `weight_cache`, a host copy per session.  On GPU EPs the weights are copied to the device either way.
+    A session that cannot start this way (an ORT build or EP without the API) starts from the
+    serialized model."""
     check_function_expansion(model)  # ORT inlines every call when it loads the model
     rt = ort()
-    so = rt.SessionOptions()
-    so.graph_optimization_level = (getattr(rt.GraphOptimizationLevel, level) if level else
-                                   rt.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                   else rt.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    if target == "dml":
-        so.enable_mem_pattern = False
-        so.execution_mode = rt.ExecutionMode.ORT_SEQUENTIAL
-    for k, v in (session_config or {}).items():
-        so.add_session_config_entry(k, str(v))
-    for name, value in (free_dims or {}).items():
-        so.add_free_dimension_override_by_name(name, int(value))
-    if profile_dir:
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(profile_dir, "dmlopt")
-    if log_severity is None and not os.environ.get("DMLOPT_DEBUG"):
-        log_severity = 4  # fatal only: ORT's errors reach the user once, as the exception dmlopt prints
-    if log_severity is not None:
-        so.log_severity_level = log_severity
+    rewrites = level is not None or optimize
+
+    def options():
+        so = rt.SessionOptions()
+        so.graph_optimization_level = (getattr(rt.GraphOptimizationLevel, level) if level else
+                                       rt.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                       else rt.GraphOptimizationLevel.ORT_DISABLE_ALL)
+        if target == "dml":
+            so.enable_mem_pattern = False
+            so.execution_mode = rt.ExecutionMode.ORT_SEQUENTIAL
+        for k, v in (session_config or {}).items():
+            so.add_session_config_entry(k, str(v))
+        for name, value in (free_dims or {}).items():
+            so.add_free_dimension_override_by_name(name, int(value))
+        if profile_dir:
+            so.enable_profiling = True
+            so.profile_file_prefix = os.path.join(profile_dir, "dmlopt")
+        severity = log_severity
+        if severity is None and not os.environ.get("DMLOPT_DEBUG"):
+            severity = 4  # fatal only: ORT's errors reach the user once, as the exception dmlopt prints
+        if severity is not None:
+            so.log_severity_level = severity
+        return so
+
     providers = [provider_entry(target, provider_options)]
     if target != "cpu":
         providers.append("CPUExecutionProvider")
-    if share_weights and (target != "cpu" or optimize):
-        raise ValueError("share_weights is for CPU sessions without ORT's rewrites")
+    if share_weights and not rewrites and target != "cpu":
+        raise ValueError("share_weights without ORT's rewrites is for CPU sessions")
     if share_weights and shareable_weights(model) is not None:
-        so.add_session_config_entry("session.disable_prepacking", "1")
-        with shared_weights_source(model) as (src, weights):
+        so = options()
+        if rewrites and hasattr(so, "add_external_initializers"):
+            try:
+                return _shared_session(rt, model, so, providers, weight_cache, external=True)
+            except (InputError, RuntimeError):  # ORT's own errors are RuntimeErrors
+                pass  # e.g. an EP that cannot read weights given in memory: the serialized model below
+        elif not rewrites:
+            so.add_session_config_entry("session.disable_prepacking", "1")
+            return _shared_session(rt, model, so, providers, weight_cache, external=False)
+    with model_source(model) as src:
+        return _create(rt, src, options(), providers)
+
+
+def _shared_session(rt, model, so, providers, cache, *, external: bool):
+    with shared_weights_source(model, cache) as (src, weights):
+        if external:
+            so.add_external_initializers([name for name, _ in weights], [value for _, value in weights])
+        else:
             for name, value in weights:
                 so.add_initializer(name, value)
-            sess = _create(rt, src, so, providers)
-        sess.dmlopt_shared_weights = weights  # ORT reads these buffers while the session lives
-        return sess
-    with model_source(model) as src:
-        return _create(rt, src, so, providers)
+        sess = _create(rt, src, so, providers)
+    sess.dmlopt_shared_weights = weights  # ORT reads these buffers while the session lives
+    return sess
 
 
 def _create(rt, src, so, providers):

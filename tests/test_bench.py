@@ -9,6 +9,7 @@ import json
 import numpy as np
 import onnx_ir as ir
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from dmlopt import bench, emulate, progress, runtime
 from dmlopt.errors import InputError, ProviderError, UsageError
@@ -333,3 +334,50 @@ def test_quiet_and_piped_stderr_get_no_progress(cli, model_path, capsys):
     assert _progress(args) is None
     args = build_parser().parse_args(["bench", str(model_path)])
     assert _progress(args) is None  # pytest's stderr is not a terminal
+
+
+def _conv_batchnorm_matmul():
+    """Conv+BatchNormalization (ORT folds the norm into the Conv's weight, reading both) then a MatMul
+    by a large weight (prepacked on the CPU EP): rewrites and prepacking that read the weights."""
+    rng = np.random.default_rng(3)
+    c = 16
+    weights = {"w": rng.standard_normal((c, c, 3, 3)) * 0.1, "scale": rng.random(c) + 0.5,
+               "bias": rng.standard_normal(c), "mean": rng.standard_normal(c), "var": rng.random(c) + 0.5,
+               "m": rng.standard_normal((c * 8 * 8, 256)) * 0.05}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), "flat"))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]), helper.make_node("Reshape", ["r", "flat"], ["f"]),
+             helper.make_node("MatMul", ["f", "m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], inits)
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_timing_sessions_share_one_host_copy_of_the_weights_and_compute_the_same():
+    model = _conv_batchnorm_matmul()
+    feeds = runtime.random_inputs(runtime.input_specs(model))
+    expected = runtime.session(model).run(None, feeds)[0]  # serialized, ORT's rewrites on
+    cache = runtime.WeightValues()
+    first = bench.Timer(model, "cpu", feeds=feeds, weight_cache=cache, profile=False)
+    second = bench.Timer(model.clone(), "cpu", feeds=feeds, weight_cache=cache, profile=False)
+    for timer in (first, second):
+        np.testing.assert_array_equal(timer.run_outputs()[0], expected)  # same kernels, same packed weights
+    shared = dict(first.session.dmlopt_shared_weights)
+    assert "m" in shared and "w" in shared  # the weights ORT's rewrites and prepacking read
+    assert all(shared[name] is value for name, value in second.session.dmlopt_shared_weights)
+
+
+def test_a_timing_session_that_cannot_share_the_weights_starts_from_the_serialized_model(monkeypatch):
+    model = _conv_batchnorm_matmul()
+    feeds = runtime.random_inputs(runtime.input_specs(model))
+    expected = runtime.session(model).run(None, feeds)[0]
+
+    def refuse(*args, **kwargs):
+        raise InputError("ONNX Runtime cannot load the model: weights in memory not supported")
+
+    monkeypatch.setattr(runtime, "_shared_session", refuse)
+    timer = bench.Timer(model, "cpu", feeds=feeds, profile=False)
+    assert not hasattr(timer.session, "dmlopt_shared_weights")
+    np.testing.assert_array_equal(timer.run_outputs()[0], expected)

@@ -83,3 +83,42 @@ def test_optimize_peak_rss_stays_within_a_few_weight_copies(tmp_path, flags):
     # the output is the model, weight included (the copies were not avoided by dropping it)
     written = onnx.load(str(tmp_path / "big.out.onnx"))
     assert sum(numpy_helper.to_array(t).nbytes for t in written.graph.initializer) >= weight_bytes
+
+
+# Peak RSS of timing `models` (the weights model and two clones, as tuning times candidates):
+# imports and the load first, then the peak is reset, then bench.compare.
+_MEASURE_COMPARE = """
+import json, sys
+from dmlopt import bench
+from dmlopt.model import load
+
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+model = load(sys.argv[1])
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = status("VmRSS")
+result = bench.compare({"a": model, "b": model.clone(), "c": model.clone()}, "cpu", runs=2, warmup=0)
+print(json.dumps({"growth_kb": status("VmHWM") - base, "models": len(result["models"])}))
+"""
+# Three CPU sessions each hold their prepacked weights (one copy each, ORT's own); on top of them
+# one shared host copy of the weights and one transient copy while a session starts: 5, plus one
+# of slack.  Serialized sessions held their own copies too, and the serialization's (measured 8.3).
+MAX_COMPARE_COPIES = 6.0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc/self/clear_refs")
+def test_timing_candidates_share_the_weights(tmp_path):
+    big = tmp_path / "big.onnx"
+    _model(big, WIDTH, LAYERS)
+    proc = subprocess.run([sys.executable, "-c", _MEASURE_COMPARE, str(big)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["models"] == 3
+    copies = result["growth_kb"] * 1024 / (WIDTH * WIDTH * 4 * LAYERS)
+    assert copies <= MAX_COMPARE_COPIES, f"timing 3 models grew peak RSS by {copies:.1f}x the weights' bytes"
