@@ -89,11 +89,23 @@ def graph_values(graph: ir.Graph):
         yield from node.outputs
 
 
-def constant_array(value: ir.Value | None) -> np.ndarray | None:
-    """The value of an initializer that is not a graph input (so cannot be fed another), else None."""
-    if value is None or value.const_value is None or value.is_graph_input():
+def constant_array(value: ir.Value | None, *, constant_nodes: bool = False) -> np.ndarray | None:
+    """The value of an initializer that is not a graph input (so cannot be fed another) or, with
+    `constant_nodes`, of an ONNX Constant node's ``value``; None for anything else and for data
+    that cannot be read (external data missing and the like): the caller then declines the site."""
+    if value is None or value.is_graph_input():
         return None
-    return value.const_value.numpy()
+    tensor = value.const_value
+    producer = value.producer()
+    if (tensor is None and constant_nodes and producer is not None and producer.op_type == "Constant"
+            and producer.domain in ("", "ai.onnx") and "value" in producer.attributes):
+        tensor = producer.attributes["value"].value
+    if tensor is None:
+        return None
+    try:
+        return tensor.numpy()
+    except Exception:  # noqa: BLE001 - external data missing and the like
+        return None
 
 
 # -- shape inference ----------------------------------------------------------------------

@@ -60,7 +60,7 @@ from onnxscript.rewriter.rules import common as common_rules
 from dmlopt import shape_inference
 from dmlopt.model import initializer_bytes, tensor_bytes
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
-from dmlopt.passes._shared import ReshapeNoOp, graph_values, infer_static_dims, is_static, show_shape
+from dmlopt.passes._shared import ReshapeNoOp, constant_array, graph_values, infer_static_dims, is_static, show_shape
 from dmlopt.shapes import check_shapes, free_dimensions, runtime_inputs
 
 # Expand/Tile/ConstantOfShape/Range results above this many elements stay ops.
@@ -292,7 +292,7 @@ def _picked_dims(shape_node: ir.Node, node: ir.Node, x: ir.Value):
     start = shape_node.attributes.get_int("start", 0)
     end = shape_node.attributes.get_int("end", None)
     dims = list(x.shape.dims)[start:end]
-    consts = [_const(v) for v in node.inputs[1:]]
+    consts = [constant_array(v) for v in node.inputs[1:]]
     if any(c is None for c, v in zip(consts, node.inputs[1:]) if v is not None):
         return None
     if node.op_type == "Gather":
@@ -347,7 +347,7 @@ class ReshapeToExplicitShape(SiteRule):
         return op.Reshape(x, shape, _allow_other_attributes=True)
 
     def check(self, context, x, shape, **_):
-        value, out = _const(shape), context.output_values[0]
+        value, out = constant_array(shape), context.output_values[0]
         if value is None or not np.any(value <= 0):
             return pattern.MatchResult().fail("shape not constant or already explicit")
         if not is_static(out) or any(d == 0 for d in out.shape.dims):
@@ -387,7 +387,7 @@ def _slice_params(node: ir.Node, x: ir.Value):
     """(starts, ends, axes >= 0, steps) of a Slice-10+ with constant inputs, or None."""
     if x.shape is None or len(node.inputs) < 3:
         return None
-    consts = [_const(v) for v in node.inputs[1:5]]
+    consts = [constant_array(v) for v in node.inputs[1:5]]
     if any(c is None for c, v in zip(consts, node.inputs[1:5]) if v is not None) or consts[0] is None \
             or consts[1] is None:
         return None
@@ -469,7 +469,7 @@ class BroadcastNoOp(SiteRule):
         return make(c, x) if self.constant_first else make(x, c)
 
     def check(self, context, x, c, **_):
-        value = _const(c)
+        value = constant_array(c)
         if value is None or value.size == 0:
             return pattern.MatchResult().fail("not a constant")
         if not np.all(value == self.NEUTRAL[self.op_type]):
@@ -531,15 +531,6 @@ def _itemsize(value: ir.Value) -> int:
         return value.dtype.itemsize if value.dtype is not None else 8
     except (AttributeError, TypeError, ValueError):
         return 8
-
-
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    if value is None or value.const_value is None:
-        return None
-    try:
-        return value.const_value.numpy()
-    except Exception:  # noqa: BLE001 - external data missing and the like
-        return None
 
 
 def _model_bytes(model: ir.Model) -> int:
