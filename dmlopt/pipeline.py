@@ -82,6 +82,22 @@ def check_options(options: Mapping[str, Any]) -> OptionStore:
     return OptionStore.build(all_passes().values(), options)
 
 
+def check_precision_passes(pass_classes: Sequence[type[DmlPass]], store: OptionStore, *, explicit: bool,
+                           tune: bool) -> None:
+    """--fp16 and --passes must agree: the precision decides tolerances and per-precision defaults,
+    so a float16 request that no pass carries out (or a named fp16 pass that would do nothing,
+    unless --tune is to choose the precision) is a usage error."""
+    if not explicit:
+        return
+    requested = store.settings().get(tuning.PRECISION_PASS, {}).get(tuning.PRECISION_OPTION)
+    named = any(cls.name == tuning.PRECISION_PASS for cls in pass_classes)
+    if requested is True and not named:
+        raise UsageError(f"--fp16 converts with the {tuning.PRECISION_PASS} pass, which --passes leaves out: "
+                         f"add {tuning.PRECISION_PASS} to --passes")
+    if named and requested is None and not tune:
+        raise UsageError(f"--passes names {tuning.PRECISION_PASS}, which converts only with --fp16: add --fp16")
+
+
 def _as_given(options: Mapping[str, Any], store: OptionStore) -> dict[str, Any]:
     """The user's settings by option name, in the order given, as the store converted them (the report's "options")."""
     converted = {name: value for values in store.settings().values() for name, value in values.items()}
@@ -148,6 +164,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         check_shapes(original, shapes, dims)
     store = check_options(options)
     pass_classes = select_passes(passes)
+    check_precision_passes(pass_classes, store, explicit=passes is not None, tune=tune)
     context = PassContext(target=resolved,
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
                           dims=dict(dims or {}), options=store, engine=EngineSettings(tune=tune),

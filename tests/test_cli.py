@@ -214,3 +214,23 @@ def test_a_signal_before_anything_is_written_still_says_nothing_was_written(cli,
     r = cli("optimize", model_path, "-o", tmp_path / "out.onnx", "--target", "cpu", "--no-time", "-q")
     assert r.code == 130 and r.err.strip() == "dmlopt: interrupted; nothing was written", r.err
     assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--passes", "cleanup", "--fp16"), "--fp16 converts with the fp16 pass, which --passes leaves out"),
+    (("--passes", "cleanup,fp16"), "--passes names fp16, which converts only with --fp16"),
+])
+def test_fp16_and_passes_must_agree(cli, model_path, tmp_path, args, message):
+    """The precision picks defaults and tolerances: a float16 request no pass carries out is refused."""
+    out = tmp_path / "out.onnx"
+    r = cli("optimize", model_path, "-o", out, "--target", "cpu", "--no-time", *args)
+    assert r.code == 2
+    assert message in _one_clean_line(r)
+    assert not out.exists()
+
+
+def test_fp16_named_with_fp16_converts(cli, model_path, tmp_path):
+    out = tmp_path / "out.onnx"
+    r = cli("optimize", model_path, "-o", out, "--target", "cpu", "--no-time", "--passes", "fp16", "--fp16")
+    assert r.code == 0, r.err
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in onnx.load(out).graph.initializer)
