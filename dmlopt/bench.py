@@ -35,16 +35,16 @@ import collections
 import itertools
 import json
 import os
-import shutil
 import statistics
 import tempfile
 import time
+import weakref
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import runtime
+from dmlopt import runtime, scratch
 from dmlopt.errors import InputError, ProviderError, UsageError, printable_tree
 from dmlopt.progress import bar_for
 from dmlopt.tables import format_table
@@ -159,7 +159,11 @@ class Timer:
         provider_opts, session_config = split_options(provider_options)
         self.target = target
         self.provider_options = dict(provider_options or {})
-        self._profile_dir = tempfile.mkdtemp(prefix="dmlopt-profile-") if profile else None
+        self._profile_dir = None
+        if profile:  # removed by _drop_profile_dir, else when the timer is collected or Python exits
+            with scratch.uninterrupted():
+                self._profile_dir = tempfile.mkdtemp(prefix="dmlopt-profile-")
+                self._drop_later = weakref.finalize(self, scratch.remove, self._profile_dir)
         t0 = time.perf_counter()
         try:
             self.session = runtime.session(model, target, provider_options=provider_opts or None,
@@ -273,7 +277,7 @@ class Timer:
 
     def _drop_profile_dir(self) -> None:
         if self._profile_dir is not None:
-            shutil.rmtree(self._profile_dir, ignore_errors=True)
+            self._drop_later()
             self._profile_dir = None
 
     @property

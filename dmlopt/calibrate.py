@@ -18,13 +18,11 @@ as such, never counted as agreeing.  Unnamed nodes cannot be matched (dmlopt nam
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from typing import Any, Mapping
 
 import onnx_ir as ir
 
-from dmlopt import ort_log, runtime
+from dmlopt import ort_log, runtime, scratch
 from dmlopt import placement as placement_mod
 from dmlopt.errors import ProviderError
 from dmlopt.jsontext import json_text
@@ -67,10 +65,9 @@ def calibrate(model: ir.Model, *, ort_version: str | None = "auto", target: str 
 def observe(model: ir.Model, target: str, *, shapes=None, dims=None, feeds: Mapping[str, Any] | None = None,
             runs: int = 1) -> dict[str, Any]:
     """One verbose, profiled session of `model` on `target` and `runs` runs: {log, events, providers}."""
-    tmp = tempfile.mkdtemp(prefix="dmlopt-calibrate-")
-    try:
+    with scratch.folder("dmlopt-calibrate-") as tmp:
         with ort_log.capture_stderr() as box:
-            sess = runtime.session(model, target, profile_dir=tmp, log_severity=0, level=LEVEL)
+            sess = runtime.session(model, target, profile_dir=str(tmp), log_severity=0, level=LEVEL)
             if feeds is None:
                 feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims))
             for _ in range(runs):
@@ -81,8 +78,6 @@ def observe(model: ir.Model, target: str, *, shapes=None, dims=None, feeds: Mapp
         with open(profile, encoding="utf-8") as f:
             events = json.load(f)
         return {"log": box["text"], "events": events, "providers": providers}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def actual_placement(log: str, events) -> dict[str, Any]:

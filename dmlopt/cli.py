@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Iterator, Sequence
 
-from dmlopt import bench, calibrate, demo, emulate, runtime, session_config
+from dmlopt import bench, calibrate, demo, emulate, runtime, scratch, session_config
 from dmlopt import report as report_mod
 from dmlopt.errors import DmlOptError, InputError, UsageError, printable
 from dmlopt.graph_capture import graph_capture_readiness
@@ -52,7 +52,12 @@ def _terminate(signum, _frame):
     for name in ("SIGTERM", "SIGHUP"):  # a second signal must not break off the cleanup
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
-    raise Terminated(signum)
+    scratch.raise_or_defer(Terminated(signum))  # deferred while a scratch folder is made or removed
+
+
+def _interrupt(_signum, _frame):
+    """Ctrl-C, as Python's own handler but deferred like `_terminate`."""
+    scratch.raise_or_defer(KeyboardInterrupt())
 
 
 @contextlib.contextmanager
@@ -64,6 +69,8 @@ def _signals_as_interrupts() -> Iterator[None]:
         for name in ("SIGTERM", "SIGHUP"):
             if hasattr(signal, name):
                 previous[name] = signal.signal(getattr(signal, name), _terminate)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not a host's own handler
+            previous["SIGINT"] = signal.signal(signal.SIGINT, _interrupt)
     try:
         yield
     finally:

@@ -22,6 +22,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from dmlopt import scratch
 from dmlopt.errors import InputError, OutputError, printable
 from dmlopt.proto_stream import save_inline
 from dmlopt.shape_inference import split_initializers, tensor_bytes, weightless_proto
@@ -488,28 +489,34 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
         external_data = has_external or initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD
     elif not external_data and has_external:
         model = ir.external_data.load_to_model(model.clone())  # inline them; the caller's model is kept
-    try:
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent))
-    except OSError as e:
-        raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
     data_moved = written = False
+    tmp = None
     try:
+        try:
+            with scratch.uninterrupted():  # an interrupt waits until the folder's name is held
+                tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent))
+        except OSError as e:
+            raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
         if external_data:
             ir.save(model, tmp / dest.name, external_data=data_name)
-            os.replace(tmp / data_name, parent / data_name)
-            data_moved = True
+            with scratch.uninterrupted():  # the flag must say whether the rename happened
+                os.replace(tmp / data_name, parent / data_name)
+                data_moved = True
         elif dest.suffix.lower() == ".onnx":
             save_inline(model, tmp / dest.name)  # ir.save's bytes, one weight serialized at a time
         else:
             ir.save(model, tmp / dest.name)
-        os.replace(tmp / dest.name, dest)
-        written = True
+        with scratch.uninterrupted():
+            os.replace(tmp / dest.name, dest)
+            written = True
     except OSError as e:
         raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if data_moved and not written:  # interrupted between the two renames: no data without its model
-            (parent / data_name).unlink(missing_ok=True)
+        with scratch.uninterrupted():
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if data_moved and not written:  # interrupted between the two renames: no data without its model
+                (parent / data_name).unlink(missing_ok=True)
     return dest
 
 
@@ -599,11 +606,13 @@ def write_text(path: str | os.PathLike, text: str, what: str, protected: dict[st
     parent = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+        with scratch.uninterrupted():  # an interrupt waits until the file's name is held
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, path)
-        tmp = None
+        with scratch.uninterrupted():
+            os.replace(tmp, path)
+            tmp = None
     except OSError as e:
         raise OutputError(f"{printable(path)}: cannot write {what}: {e.strerror or e}") from e
     finally:

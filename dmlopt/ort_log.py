@@ -22,6 +22,8 @@ import re
 import tempfile
 from typing import Any, Iterator, Mapping, Sequence
 
+from dmlopt import scratch
+
 __all__ = ["FUSED_PREFIXES", "capture_stderr", "parse_copies", "parse_placements", "profile_nodes"]
 
 PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[([^\]]+)\]\. Number of nodes: (\d+)")
@@ -85,9 +87,11 @@ def capture_stderr() -> Iterator[dict[str, str]]:
     """Collect what is written to file descriptor 2 inside the block; the text is in
     ``box["text"]`` afterwards."""
     box = {"text": ""}
-    fd, path = tempfile.mkstemp(prefix="dmlopt-ortlog-", suffix=".txt")
-    saved = os.dup(2)
+    path = None
     try:
+        with scratch.uninterrupted():  # an interrupt waits until the file's name is held
+            fd, path = tempfile.mkstemp(prefix="dmlopt-ortlog-", suffix=".txt")
+        saved = os.dup(2)
         os.dup2(fd, 2)
         try:
             yield box
@@ -98,5 +102,6 @@ def capture_stderr() -> Iterator[dict[str, str]]:
             with open(path, encoding="utf-8", errors="replace") as f:
                 box["text"] = f.read()
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        if path is not None:
+            with scratch.uninterrupted(), contextlib.suppress(OSError):
+                os.unlink(path)

@@ -11,15 +11,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import pathlib
-import shutil
-import tempfile
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
+from dmlopt import scratch
 from dmlopt.errors import InputError, ProviderError
 from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
 
@@ -92,13 +90,10 @@ def model_source(model: ir.Model) -> Iterator[str | bytes]:
     if proto.ByteSize() < 2**31 - 1 and not _has_external(model):
         yield proto.SerializeToString()
         return
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="dmlopt-ort-"))
-    try:
+    with scratch.folder("dmlopt-ort-") as tmp:
         path = tmp / "model.onnx"
         ir.save(model, path, external_data="model.onnx.data")
         yield str(path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # Types whose tensor's numpy() array holds exactly the bytes ORT reads (no packed 4-bit types, no
@@ -144,8 +139,7 @@ def shared_weights_source(model: ir.Model, cache: WeightValues | None = None
     cache = WeightValues() if cache is None else cache
     shared = shareable_weights(model)
     chosen = set(shared)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="dmlopt-ort-"))
-    try:
+    with scratch.folder("dmlopt-ort-") as tmp:
         proto = proto_with(model, initializers=[v for v in model.graph.initializers.values() if v not in chosen])
         weights = []
         for value in shared:
@@ -158,8 +152,6 @@ def shared_weights_source(model: ir.Model, cache: WeightValues | None = None
         with open(path, "wb") as f:
             f.write(proto.SerializeToString())
         yield str(path), weights
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def shareable_weights(model: ir.Model) -> list[ir.Value] | None:

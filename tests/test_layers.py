@@ -20,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Lowest first: a module may import its own layer and those below it.
 LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
-               "dmlopt.target"],
+               "dmlopt.target", "dmlopt.scratch"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
                    "dmlopt.graph_check", "dmlopt.names"],
     "ONNX Runtime": ["dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
