@@ -33,6 +33,12 @@ def op_counts(model: ir.Model) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def has_subgraphs(node: ir.Node) -> bool:
+    """Control flow (If, Loop, Scan, SequenceMap, any op of another domain with a body): a node
+    whose graphs the passes and the inspection must treat as one unit."""
+    return any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values())
+
+
 def describe_values(values) -> list[dict[str, Any]]:
     """Name, dtype and shape (a free dimension by its name, or "?") of graph inputs or outputs."""
     out = []

@@ -13,14 +13,13 @@ import onnx_ir as ir
 from dmlopt.errors import printable_tree
 from dmlopt import placement
 from dmlopt.graph_capture import graph_capture_readiness
-from dmlopt.graph_check import describe_values, op_counts
+from dmlopt.graph_check import describe_values, has_subgraphs, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.tables import format_table
 from dmlopt.target import Target
 
 SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",
              "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Equal", "Where", "Expand", "Reshape"}
-CONTROL_FLOW = {"If", "Loop", "Scan"}
 LINEAR = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 
 
@@ -67,7 +66,7 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
         elif node.op_type == "Einsum":
             eq = node.attributes.get("equation")
             einsums.append({"node": node.name, "equation": eq.as_string() if eq is not None else None})
-        elif node.op_type in CONTROL_FLOW:
+        elif has_subgraphs(node):
             control.append({"node": node.name, "op": node.op_type})
     free_dims = sorted({d.value for v in m.graph.inputs if v.shape is not None for d in v.shape.dims
                         if not isinstance(d, int) and getattr(d, "value", None)})

@@ -306,6 +306,8 @@ def fresh_names(model: ir.Model):
         used.update(graph.initializers)
         for node in graph:
             used.update(v.name for v in node.outputs if v.name)
+            if node.name:
+                used.add(node.name)  # node names too: ORT refuses two nodes of one name
     counter = [0]
 
     def fresh(base: str) -> str:

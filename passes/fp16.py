@@ -49,11 +49,11 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from dmlopt.graph_check import has_subgraphs
 from dmlopt.passes._base import DmlPass, Option
 
 HALF, FULL = ir.DataType.FLOAT16, ir.DataType.FLOAT
 FP16_MAX = float(np.finfo(np.float16).max)
-CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 INDEX_SOURCES = frozenset({"Shape", "Size"})
 # com.microsoft ops (no schema in onnx.defs) whose float tensors all share one type T.
 CONTRIB_ALL_T = frozenset({"MultiHeadAttention", "Attention", "FusedMatMul", "Gelu", "FastGelu", "BiasGelu",
@@ -181,7 +181,7 @@ class _Converter:
             return plan, f"{node.op_type} kept in float32 (--fp16-keep-ops)"
         if node.name in self.keep_nodes:
             return plan, "kept in float32 (--fp16-keep-nodes)"
-        if node.op_type in CONTROL_FLOW or any(a.type == ir.AttributeType.GRAPH for a in node.attributes.values()):
+        if has_subgraphs(node):
             return plan, "control flow: the node and its bodies stay float32"
         if any(v is not None and not isinstance(v.type, ir.TensorType) for v in (*node.inputs, *node.outputs)):
             return plan, "sequence or optional values stay float32"

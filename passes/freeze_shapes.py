@@ -337,7 +337,8 @@ class ViewChainToReshape(SiteRule):
 
     def rewrite(self, op, x, **_):
         dims = np.array(self._out_dims, dtype=np.int64)
-        return op.Reshape(x, op.initializer(ir.tensor(dims, name=f"{self._out_name}_shape")))
+        name = f"{self._out_name}_shape"
+        return op.Reshape(x, op.initializer(ir.tensor(dims, name=self.owner.fresh(name) if self.owner else name)))
 
 
 class ReshapeToExplicitShape(SiteRule):
@@ -434,7 +435,7 @@ def slices_to_split(owner: DmlPass, model: ir.Model) -> int:
                                        shape=ir.Shape([len(nodes)]), type=ir.TensorType(ir.DataType.INT64))
                 graph.register_initializer(sizes_value)
                 split = ir.Node("", "Split", [x, sizes_value], attributes=[ir.AttrInt64("axis", axis)],
-                                num_outputs=len(nodes), name=f"{nodes[0].name}_split" if nodes[0].name else None)
+                                num_outputs=len(nodes), name=owner.fresh(f"{nodes[0].name}_split") if nodes[0].name else None)
                 for out, node in zip(split.outputs, nodes):
                     out.name, out.shape, out.type = node.outputs[0].name, node.outputs[0].shape, node.outputs[0].type
                 ir.convenience.replace_nodes_and_values(graph, nodes[0], nodes, [split],

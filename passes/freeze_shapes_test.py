@@ -323,6 +323,26 @@ def test_slices_tiling_an_axis_become_one_split():
     assert_same_outputs(model, frozen, {"x": feed([2, 3, 5])})
 
 
+def test_split_takes_a_node_name_no_other_node_has():
+    """ORT refuses two nodes of one name: the Split must not take an existing "<slice>_split" (the user's
+    node keeps its name: --fp16-keep-nodes and the site log refer to it)."""
+    from onnx import TensorProto, helper
+
+    ints = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [1], [v])  # noqa: E731
+    nodes = [helper.make_node("Slice", ["x", "z", "o", "o"], ["a"], name="s0"),
+             helper.make_node("Slice", ["x", "o", "t", "o"], ["b"], name="s1"),
+             helper.make_node("Relu", ["x"], ["r"], name="s0_split")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2, 3])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "b", "r")],
+                              initializer=[ints("z", 0), ints("o", 1), ints("t", 2)])
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    frozen, _ = freeze(model)
+    assert sorted(main_ops(frozen)) == ["Relu", "Split"]
+    names = {n.op_type: n.name for n in frozen.graph}
+    assert names["Relu"] == "s0_split" and names["Split"] != "s0_split", names
+    assert_same_outputs(model, frozen, {"x": feed([2, 2, 3])})  # ORT loads it
+
+
 def test_slices_that_do_not_tile_stay():
     model = text("""
     g (float[N, 3, 5] x) => (float[N, 1, 5] q, float[N, 1, 5] v) {
