@@ -31,6 +31,14 @@ Cases:
      undone if the model would end with more Transposes.  This is why a SAM block keeps
      one Transpose: MHA takes q token-major, the rel-pos MatMuls read it head-major.
 
+  6. NaN guard: torch's dynamo exporter writes SDPA as ``Where(IsNaN(P), 0, P)`` before P.V
+     (every Hugging Face model exported with ``dynamo=True``).  Softmax gives NaN only for a row
+     that holds a NaN or +inf score or is -inf throughout, so for finite Q and K the guard is
+     the identity unless a bias masks a whole row out; it is dropped when every bias term on the
+     scores path is a constant with finite values only, and the site is declined (with that
+     reason) when a bias is computed at run time (BERT's attention mask: a fully masked row is
+     0 with the guard, and no longer guarded inside MultiHeadAttention).
+
 Declined with a reason: symbolic shapes (freeze them first: ``--dim``), a Softmax not over
 the last axis, ops other than Reshape/Add/scalar scale between the scores and the Softmax
 (masks by Where, Casts), scale after a bias, probabilities read elsewhere, heads whose
@@ -102,19 +110,45 @@ class Plan:
 
 # ** analysis **
 
-def _softmax_behind(probs: ir.Value) -> ir.Node | None:
-    """The Softmax that P comes from, directly or through one Reshape (a 4D Softmax, 3D P.V)."""
+def _softmax_behind(probs: ir.Value) -> tuple[ir.Node, ir.Node | None] | None:
+    """The Softmax that P comes from, directly or through one Reshape (a 4D Softmax, 3D P.V), and
+    the NaN guard ``Where(IsNaN(P), 0, P)`` on its output, if there is one (case 6)."""
     node = probs.producer()
     if node is not None and node.op_type == "Reshape":
         node = node.inputs[0].producer()
+    guard = node if _is_nan_guard(node) else None
+    if guard is not None:
+        node = guard.inputs[2].producer()
     if node is None or node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
         return None
-    return node
+    return node, guard
 
 
-def plan_attention(softmax: ir.Node, pv: ir.Node, opset: int) -> Plan:
-    """Check one Softmax -> MatMul(P, V) site; return how to fuse it or raise Decline."""
-    for value in {softmax.outputs[0], pv.inputs[0]}:
+def _is_nan_guard(node: ir.Node | None) -> bool:
+    """Whether `node` is ``Where(IsNaN(p), 0, p)``: NaN entries of p become 0, the others stay."""
+    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 3:
+        return False
+    condition, zero, p = node.inputs
+    test = condition.producer() if condition is not None else None
+    if test is None or test.op_type != "IsNaN" or test.domain not in ("", "ai.onnx") or test.inputs[0] is not p:
+        return False
+    if zero is None or zero.const_value is None or zero.const_value.size != 1:
+        return False
+    return float(zero.const_value.numpy().reshape(-1)[0]) == 0.0
+
+
+def plan_attention(softmax: ir.Node, pv: ir.Node, opset: int, guard: ir.Node | None = None) -> Plan:
+    """Check one Softmax -> MatMul(P, V) site (P perhaps behind a NaN guard, case 6); return how
+    to fuse it or raise Decline."""
+    probs = {softmax.outputs[0], pv.inputs[0]}
+    if guard is not None:
+        test = guard.inputs[0].producer()
+        expected = {softmax.outputs[0]: {test, guard}, test.outputs[0]: {guard}, guard.outputs[0]: None}
+        for value, readers in expected.items():
+            if value.is_graph_output() or (readers is not None and {u for u, _ in value.uses()} != readers):
+                raise Decline("attention probabilities are read elsewhere")
+        probs = {guard.outputs[0], pv.inputs[0]}
+    for value in probs:
         if len(value.uses()) != 1 or value.is_graph_output():
             raise Decline("attention probabilities are read elsewhere")
     in_shape = static_shape(softmax.inputs[0])
@@ -165,7 +199,23 @@ def plan_attention(softmax: ir.Node, pv: ir.Node, opset: int) -> Plan:
                 seq_q, seq_kv, v_shape[-1], q_scale * k_scale * alpha * path_scale, scores_shape, steps,
                 static_shape(pv.outputs[0]))
     _check_bias(plan, scores_node)
+    if guard is not None:
+        _check_guard_is_identity(plan)
     return plan
+
+
+def _check_guard_is_identity(plan: Plan) -> None:
+    """Case 6: the NaN guard may go only where no bias can mask a whole row out."""
+    for step in plan.path:
+        if step.kind != "add":
+            continue
+        if step.bias.const_value is None:
+            raise Decline("the probabilities are guarded by Where(IsNaN(P), 0, P) and a bias is computed at run "
+                          "time: a row it masks out entirely (all -inf) is 0 with the guard, which "
+                          "MultiHeadAttention does not promise")
+        if not np.isfinite(step.bias.const_value.numpy()).all():
+            raise Decline("the probabilities are guarded by Where(IsNaN(P), 0, P) and a constant bias holds "
+                          "non-finite values: a row it masks out entirely is 0 with the guard")
 
 
 def _head_value(operand: ir.Value, head_shape: list[int], transposed: bool) -> ir.Value | None:
@@ -387,11 +437,12 @@ class FuseAttention(SiteRule):
 
     def check(self, context, probs, v, out, **_):
         pv = out.producer()
-        softmax = _softmax_behind(probs)
-        if softmax is None:
+        found = _softmax_behind(probs)
+        if found is None:
             return self.decline(None, "not attention")
+        softmax, guard = found
         try:
-            self._plan = plan_attention(softmax, pv, context.model.opset_imports.get("", 17))
+            self._plan = plan_attention(softmax, pv, context.model.opset_imports.get("", 17), guard)
         except Decline as e:
             return self.decline(pv, str(e))
         return pattern.MatchResult()

@@ -23,7 +23,7 @@ MHA = "com.microsoft.MultiHeadAttention"
 
 
 def hf_attention(batch=2, seq=5, kv_seq=None, heads=3, head=4, mask=None, k_perm="0231", scale_on="scores",
-                 opset=17, dynamic=False):
+                 opset=17, dynamic=False, nan_guard=False, mask_input=False):
     """BERT/ViT-style attention: separate q/k/v Linears, (0,2,1,3) head transposes, scale, mask, output merge."""
     g = Graph()
     hidden = heads * head
@@ -50,9 +50,14 @@ def hf_attention(batch=2, seq=5, kv_seq=None, heads=3, head=4, mask=None, k_perm
     scores = g("MatMul", qh, kt)
     if scale_on == "scores":
         scores = g("Div", scores, g.const(head ** 0.5))
-    if mask is not None:
+    if mask_input:  # a bias computed at run time, e.g. from BERT's attention_mask
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [batch, 1, 1, kv_seq]))
+        scores = g("Add", scores, "mask")
+    elif mask is not None:
         scores = g("Add", scores, g.const(mask))
     probs = g("Softmax", scores, axis=-1 if opset >= 13 else 3)
+    if nan_guard:  # torch's dynamo SDPA: Where(IsNaN(P), 0, P)
+        probs = g("Where", g("IsNaN", probs), g.const(0.0), probs)
     out = g("MatMul", probs, vh)
     merged = g("Reshape", g("Transpose", out, perm=[0, 2, 1, 3]), g.const([0 if dynamic else batch, seq, hidden],
                                                                            np.int64))
@@ -121,6 +126,38 @@ def test_padding_mask_bias_is_expanded_to_s_and_t_on_cpu_and_fully_on_dml():
         bias = mha.inputs[5]
         assert list(bias.shape.dims) == bias_shape
         assert_same(proto, result.model)
+
+
+@pytest.mark.parametrize("mask", [None, "finite"])
+def test_dynamo_nan_guard_goes_with_the_softmax_when_no_bias_can_mask_a_row(mask):
+    """torch's dynamo exporter guards P with Where(IsNaN(P), 0, P) (ViT, DETR, every HF model with
+    dynamo=True): without a bias, or with a finite constant one, it is the identity for finite scores."""
+    if mask == "finite":
+        mask = np.zeros((2, 1, 1, 5), np.float32)
+        mask[1, 0, 0, 3:] = -1e4
+    proto = hf_attention(mask=mask, nan_guard=True)
+    result, p = fuse(proto)
+    counts = op_counts(result.model)
+    assert counts[MHA] == 1 and not {"Softmax", "IsNaN", "Where"} & set(counts)
+    assert p.sites[0].op == "MatMul" and p.sites[0].action == "rewrote"
+    assert_same(proto, result.model)
+
+
+@pytest.mark.parametrize("how", ["run-time bias", "-inf constant"])
+def test_dynamo_nan_guard_is_declined_where_a_bias_may_mask_a_whole_row(how):
+    """A fully masked row gives NaN from Softmax, which the guard makes 0: with a bias computed at run
+    time (BERT's attention mask) or holding -inf, fusing could change it, so the site is declined."""
+    if how == "run-time bias":
+        proto = hf_attention(nan_guard=True, mask_input=True)
+    else:
+        mask = np.zeros((2, 1, 1, 5), np.float32)
+        mask[1, 0, 0, :] = -np.inf
+        proto = hf_attention(mask=mask, nan_guard=True)
+    result, p = fuse(proto)
+    assert MHA not in op_counts(result.model)
+    (site,) = p.sites
+    assert site.action == "declined" and "Where(IsNaN(P), 0, P)" in site.detail
+    assert_same(proto, result.model)
 
 
 def test_cross_attention_with_other_key_length():

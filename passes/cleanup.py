@@ -17,6 +17,11 @@ Cases:
   5. onnxscript's multi-output rule (Slices -> Split) lists the whole graph for every node it
      is tried on; it is tried only on Slice nodes, and only in graphs with at most
      ``MAX_SLICES_FOR_SPLIT`` Slices (freeze-shapes merges tiling Slices in one walk anyway).
+  6. A rule's new initializer gets a name of its own when the name is taken by an initializer
+     that something outside the match still reads.  onnxscript's rules name them after an input
+     (Flatten2Reshape: ``{x}/shape``), and its RewritePass then replaces the registered one, so
+     two Flattens of one tensor (DETR's encoder and decoder, legacy export) left the first Reshape
+     reading an unregistered value: an invalid model.
 """
 
 from __future__ import annotations
@@ -133,8 +138,43 @@ def default_rules() -> list:
         pattern_ir = getattr(rule, "_target_pattern", None)
         if pattern_ir is not None and not pattern_ir.has_single_output_node:
             rule = _FirstOpGate(rule, pattern_ir.output_nodes[0].op_identifier())
-        rules.append(rule)
+        rules.append(_OwnInitializerNames(rule))
     return rules
+
+
+class _OwnInitializerNames:
+    """A rewrite rule whose new initializers never take the name of one still read outside the match
+    (case 6): such an initializer is renamed `name_1`, `name_2`, ... before RewritePass registers it."""
+
+    def __init__(self, rule):
+        self._rule = rule
+
+    def __getattr__(self, name):
+        return getattr(self._rule, name)
+
+    def commute(self):
+        return [_OwnInitializerNames(r) for r in self._rule.commute()]
+
+    def try_rewrite(self, model, graph_or_function, node, **kw):
+        delta = self._rule.try_rewrite(model, graph_or_function, node, **kw)
+        if delta is None or not delta.new_initializers or not isinstance(graph_or_function, ir.Graph):
+            return delta
+        registered = graph_or_function.initializers
+        matched = set(delta.match.nodes)
+        for value in delta.new_initializers:
+            taken = registered.get(value.name)
+            if taken is None or taken is value or not _read_outside(taken, matched):
+                continue
+            base, count = value.name, 1
+            while f"{base}_{count}" in registered:
+                count += 1
+            value.name = f"{base}_{count}"
+        return delta
+
+
+def _read_outside(value: ir.Value, nodes: set) -> bool:
+    """Whether `value` is a graph input or output, or a node other than `nodes` reads it."""
+    return value.is_graph_input() or value.is_graph_output() or any(user not in nodes for user, _ in value.uses())
 
 
 class _FirstOpGate:

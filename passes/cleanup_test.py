@@ -82,3 +82,29 @@ def test_cleanup_rules_are_onnxscript_optimizers_rules_in_its_order():
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
         assert a is b or _rule_signature(a) == _rule_signature(b), (_rule_signature(a), _rule_signature(b))
+
+
+def _two_flattens_of_one_tensor() -> onnx.ModelProto:
+    """DETR's legacy export: two Flattens of one dynamic-batch tensor (here at two axes, so that the
+    two Reshapes differ and common-subexpression elimination keeps both)."""
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["x"], ["a"], axis=1, name="flatten_a"),
+         helper.make_node("Flatten", ["x"], ["b"], axis=2, name="flatten_b"),
+         helper.make_node("Relu", ["b"], ["c"], name="relu")],
+        "two_flattens", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 3])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 12]),
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N*4", 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_two_flattens_of_one_tensor_get_shape_initializers_of_their_own():
+    """onnxscript's Flatten2Reshape names both shapes `x/shape`; the second used to replace the first
+    one's registration, leaving an invalid model (the checker: not topologically sorted)."""
+    import onnx_ir as ir
+
+    result = dmlopt.optimize(_two_flattens_of_one_tensor(), passes=["cleanup"], target="cpu", retime=False)
+    assert result.passed
+    assert [n.op_type for n in result.model.graph] == ["Reshape", "Reshape", "Relu"]
+    onnx.checker.check_model(ir.serde.serialize_model(result.model), full_check=True)
+    names = [n.inputs[1].name for n in result.model.graph if n.op_type == "Reshape"]
+    assert len(set(names)) == 2 and all(name in result.model.graph.initializers for name in names)

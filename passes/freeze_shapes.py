@@ -16,6 +16,8 @@ Rewrites (every graph: the main graph and If/Loop/Scan bodies):
   V2(V1(x))  ->  Reshape(x, Constant)     V1, V2 in {Reshape, Squeeze, Unsqueeze, Flatten}
   Slice(Slice(x, axis a), axis b)  ->  Slice(x, axes a, b)
   Slice(x, 0, a), Slice(x, a, b), Slice(x, b, dim)  ->  Split(x, [a, b - a, dim - b])  one axis, tiled
+  Pad(x, zeros)  ->  x;  Conv(Pad(x, p, 0)) -> Conv(x; pads + p)   pads folded to constants (HF's
+                                          TF-style "same" padding: MobileNetV2, EfficientNet)
   Mul(x, ones), Div(x, ones), Add(x, zeros), Sub(x, zeros)  ->  x
                                           the static shapes show the broadcast changes nothing
   If(Constant cond, then, else)  ->  the taken branch's nodes, inlined (names made unique)
@@ -484,6 +486,22 @@ class BroadcastNoOp(SiteRule):
         return op.Identity(x)
 
 
+class PadNoOp(SiteRule):
+    """``Pad(x, pads)`` with every pad 0 -> x: nothing is added or cut, whatever the mode and value."""
+
+    def pattern(self, op, x, pads):
+        return op.Pad(x, pads, _allow_other_inputs=True, _allow_other_attributes=True)
+
+    def check(self, context, x, pads, **_):
+        value = constant_array(pads)
+        if value is None or value.size == 0 or np.any(value != 0):
+            return pattern.MatchResult().fail("pads are not constant zeros")
+        return pattern.MatchResult()
+
+    def rewrite(self, op, x, pads, **_):
+        return op.Identity(x)
+
+
 def _shape_rules(owner: DmlPass, present: set[str]) -> list:
     """The rules for the op types `present` in the model (matching costs rules x nodes)."""
     groups = [
@@ -501,6 +519,9 @@ def _shape_rules(owner: DmlPass, present: set[str]) -> list:
             *(BroadcastNoOp.rule(owner, op_type, constant_first=True) for op_type in ("Mul", "Add"))]),
         ({"Expand"}, lambda: [common_rules.no_op_expand_rule, *common_rules.expand_before_binary_op_rules]),
         ({"Cast"}, lambda: [common_rules.no_op_cast_rule]),
+        # pads computed from the input size (TF "same" padding) are constant only now: cleanup's
+        # Pad-into-Conv fusion ran before, and ORT cannot fuse a Pad that pad-concat made a Concat
+        ({"Pad"}, lambda: [PadNoOp.rule(owner), common_rules.fuse_pad_into_conv_rule]),
     ]
     return [rule for ops, make in groups if ops & present for rule in make()]
 

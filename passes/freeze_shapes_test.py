@@ -135,6 +135,39 @@ def test_static_model_still_folds_the_pad_arithmetic_the_export_kept():
     assert_same_outputs(model, frozen, {"x": feed([1, 3, 3, 2])})
 
 
+def tf_same_pad_model() -> ir.Model:
+    """HF MobileNetV2's TF-style "same" padding, as the legacy exporter writes it: pads computed from
+    the input size, so constant only once the batch is frozen (after cleanup's Pad-into-Conv fusion).
+    One Pad adds a pixel each side before a Conv, one adds nothing before a Relu."""
+    return with_weights(text("""
+    g (float[N, 2, 6, 6] x, float[2, 2, 3, 3] w) => (float[N, 2, 6, 6] y, float[N, 2, 6, 6] z) {
+      s = Shape(x)
+      b = Constant<value = int64[1] {2}>()
+      e = Constant<value = int64[1] {4}>()
+      hw = Slice(s, b, e)
+      none = Sub(hw, hw)
+      one = Constant<value = int64[2] {1, 1}>()
+      side = Add(none, one)
+      lead = Constant<value = int64[2] {0, 0}>()
+      pads = Concat<axis = 0>(lead, side, lead, side)
+      zero = Concat<axis = 0>(lead, none, lead, none)
+      p = Pad(x, pads)
+      y = Conv<kernel_shape = [3, 3]>(p, w)
+      q = Pad(x, zero)
+      z = Relu(q)
+    }
+    """), w=RNG.standard_normal((2, 2, 3, 3)).astype(np.float32))
+
+
+def test_pads_that_fold_to_constants_go_into_the_conv_or_away():
+    model = tf_same_pad_model()
+    frozen, p = freeze(model, dims={"N": 1})
+    assert sorted(main_ops(frozen)) == ["Conv", "Relu"]
+    (conv,) = [n for n in frozen.graph if n.op_type == "Conv"]
+    assert list(conv.attributes.get_ints("pads")) == [1, 1, 1, 1]
+    assert_same_outputs(model, frozen, {"x": feed([1, 2, 6, 6])})
+
+
 def test_static_model_with_nothing_to_fold_is_left_as_it_was():
     model = text("""
     g (float[1, 4] a, float[1, 4] b) => (float[1, 4] y) {

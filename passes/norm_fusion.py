@@ -309,9 +309,10 @@ class NormFusionPass(DmlPass):
         rules.append(MeanVarianceToInstanceNorm.rule(self, mode, data))
         with _reduce_mean_defaults_spelled(model):
             count = apply_rules(model, rules)
-        rewritten = {s.node for s in self.sites if s.action == "rewrote"}
-        # one site, several rules (bias variants): a rule that declined a site another rule fused is no news
-        self.sites = [s for s in self.sites if s.action == "rewrote" or s.node not in rewritten]
+        settled = {s.node for s in self.sites if s.action in ("rewrote", "kept")}
+        # one site, several rules (bias variants): a rule that declined a site another rule fused, or
+        # matched and left to ORT, is no news (BERT's embedding sum: the bias variants' shape mismatch)
+        self.sites = [s for s in self.sites if s.action in ("rewrote", "kept") or s.node not in settled]
         if count:
             remove_unused_nodes(model)  # the Reshape back of an unused sum
             _empty_unused_outputs(model)
