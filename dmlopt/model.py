@@ -13,7 +13,6 @@ import functools
 import logging
 import os
 import pathlib
-import shutil
 import stat
 import tempfile
 from typing import Iterator, Union
@@ -490,32 +489,25 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
     elif not external_data and has_external:
         model = ir.external_data.load_to_model(model.clone())  # inline them; the caller's model is kept
     data_moved = written = False
-    tmp = None
     try:
-        try:
-            with scratch.uninterrupted():  # an interrupt waits until the folder's name is held
-                tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent))
-        except OSError as e:
-            raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
-        if external_data:
-            ir.save(model, tmp / dest.name, external_data=data_name)
-            with scratch.uninterrupted():  # the flag must say whether the rename happened
-                os.replace(tmp / data_name, parent / data_name)
-                data_moved = True
-        elif dest.suffix.lower() == ".onnx":
-            save_inline(model, tmp / dest.name)  # ir.save's bytes, one weight serialized at a time
-        else:
-            ir.save(model, tmp / dest.name)
-        with scratch.uninterrupted():
-            os.replace(tmp / dest.name, dest)
-            written = True
-    except OSError as e:
+        with scratch.folder(f".{dest.name}.", suffix=".tmp", parent=parent) as tmp:
+            if external_data:
+                ir.save(model, tmp / dest.name, external_data=data_name)
+                with scratch.uninterrupted():  # the flag must say whether the rename happened
+                    os.replace(tmp / data_name, parent / data_name)
+                    data_moved = True
+            elif dest.suffix.lower() == ".onnx":
+                save_inline(model, tmp / dest.name)  # ir.save's bytes, one weight serialized at a time
+            else:
+                ir.save(model, tmp / dest.name)
+            with scratch.uninterrupted():
+                os.replace(tmp / dest.name, dest)
+                written = True
+    except OSError as e:  # the temporary folder's creation included
         raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
     finally:
-        with scratch.uninterrupted():
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            if data_moved and not written:  # interrupted between the two renames: no data without its model
+        if data_moved and not written:  # interrupted between the two renames: no data without its model
+            with scratch.uninterrupted():
                 (parent / data_name).unlink(missing_ok=True)
     return dest
 

@@ -89,7 +89,7 @@ class FreezeShapesPass(DmlPass):
     summary = "fix dynamic axes (--shape/--dim) and fold the Shape arithmetic they keep alive; lists free dims otherwise"
     order = 10.0
     _inputs_changed = False  # set by _freeze_declared
-    needs_fresh_names = True  # for the Split sizes it adds
+    needs_fresh_names = True  # for the Splits and their sizes, and the shapes of folded view chains
 
     def skip(self, model: ir.Model, sites) -> bool:
         """Checks the declared shapes; nothing declared: lists the free dims, and stops if nothing can fold."""
@@ -339,8 +339,7 @@ class ViewChainToReshape(SiteRule):
 
     def rewrite(self, op, x, **_):
         dims = np.array(self._out_dims, dtype=np.int64)
-        name = f"{self._out_name}_shape"
-        return op.Reshape(x, op.initializer(ir.tensor(dims, name=self.owner.fresh(name) if self.owner else name)))
+        return op.Reshape(x, op.initializer(ir.tensor(dims, name=self.owner.fresh(f"{self._out_name}_shape"))))
 
 
 class ReshapeToExplicitShape(SiteRule):

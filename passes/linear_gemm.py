@@ -24,6 +24,8 @@ Cases:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
@@ -33,6 +35,8 @@ from onnxscript.rewriter.rules import common as common_rules
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._shared import ReshapeNoOp, constant_array, infer_static_dims, is_static, show_shape
 
+# Weights and biases of exported linears may be Constant nodes as well as initializers.
+_constant = functools.partial(constant_array, constant_nodes=True)
 GEMM_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
 
@@ -88,7 +92,7 @@ class LinearToGemm(SiteRule):
         return op.Add(b, product) if self.bias_first else op.Add(product, b)
 
     def check(self, context, a, w, b, **_):
-        weight, bias, out = constant_array(w, constant_nodes=True), constant_array(b, constant_nodes=True), context.output_values[0]
+        weight, bias, out = _constant(w), _constant(b), context.output_values[0]
         if weight is None or weight.ndim != 2 or bias is None:
             return pattern.MatchResult().fail("weight not a 2-D constant or bias not a constant")
         if a.dtype not in GEMM_TYPES or not is_static(a) or not is_static(out) or len(a.shape) < 2:
@@ -110,7 +114,7 @@ class LinearToGemm(SiteRule):
     def rewrite(self, op, a, w, b, **_):
         if len(self._out_dims) == 2:
             return op.Gemm(a, w, b)
-        k = int(constant_array(w, constant_nodes=True).shape[0])
+        k = int(_constant(w).shape[0])
         rows = np.array([self._rows, k], dtype=np.int64)
         rows_shape = op.initializer(ir.tensor(rows, name=self.owner.fresh(f"{self._name}_rows")))
         out_shape = op.initializer(ir.tensor(np.array(self._out_dims, dtype=np.int64),
@@ -193,7 +197,7 @@ def _linear_from_matmul(matmul: ir.Node):
 def _linear_parts(matmul: ir.Node, bias: ir.Value):
     """(a, W, b) of ``MatMul(a, W) + b`` if W is a 2-D constant and b one value per column."""
     a, w = matmul.inputs
-    weight, b = constant_array(w, constant_nodes=True), constant_array(bias, constant_nodes=True)
+    weight, b = _constant(w), _constant(bias)
     if weight is None or weight.ndim != 2 or b is None:
         return None
     if b.size != weight.shape[1] or b.ndim > 2 or (b.ndim == 2 and b.shape[0] != 1):
@@ -236,7 +240,7 @@ def _region_op(node: ir.Node, inside: set, shape: ir.Shape) -> bool:
     if not operands or any(v not in inside for v in operands):
         return False
     for value in extra:  # Clip's min/max, the scalar of a binary op
-        c = constant_array(value, constant_nodes=True) if value is not None else np.zeros(())
+        c = _constant(value) if value is not None else np.zeros(())
         if c is None or c.size != 1 or c.ndim > 2:
             return False
     out = node.outputs[0]
@@ -246,8 +250,8 @@ def _region_op(node: ir.Node, inside: set, shape: ir.Shape) -> bool:
 def _rewrite_mlp(graph: ir.Graph, fresh, a: ir.Value, rows: int, first, nodes, second, out_dims) -> None:
     matmul1, add1, w1, b1 = first
     matmul2, add2, w2, b2 = second
-    k, n1 = (int(d) for d in constant_array(w1, constant_nodes=True).shape)
-    n2 = int(constant_array(w2, constant_nodes=True).shape[1])
+    k, n1 = (int(d) for d in _constant(w1).shape)
+    n2 = int(_constant(w2).shape[1])
     rows_shape = _initializer(graph, fresh(f"{add1.outputs[0].name}_rows"), np.array([rows, k], dtype=np.int64))
     out_shape = _initializer(graph, fresh(f"{add2.outputs[0].name}_shape"), np.array(out_dims, dtype=np.int64))
     def name(node: ir.Node, suffix: str) -> str | None:  # unnamed nodes are named by NameFixPass
