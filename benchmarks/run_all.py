@@ -28,7 +28,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dmlopt  # noqa: E402
-from dmlopt import bench, emulate, runtime  # noqa: E402
+from dmlopt import bench, runtime  # noqa: E402
+from dmlopt.targets.dml import emulate
 from dmlopt.demo import bundled_path  # noqa: E402
 from dmlopt.tables import format_table  # noqa: E402
 
@@ -48,7 +49,7 @@ HEAD = ("model", "provider", "nodes", f"DML {PREDICT_ORT} CPU nodes", f"DML {PRE
 
 def predicted(model) -> tuple[int, int] | None:
     try:
-        from dmlopt import placement
+        from dmlopt.targets.dml import placement
     except ImportError:
         return None
     p = placement.predict(model, ort_version=PREDICT_ORT)

@@ -19,7 +19,9 @@ import sys
 import threading
 from typing import Iterator, Sequence
 
-from dmlopt import bench, calibrate, demo, emulate, runtime, scratch, session_config
+from dmlopt import bench, demo, runtime, scratch, session_config
+
+from dmlopt.targets.dml import calibrate, emulate
 from dmlopt import report as report_mod
 from dmlopt.errors import DmlOptError, InputError, UsageError, printable
 from dmlopt.graph_capture import graph_capture_readiness

@@ -16,7 +16,9 @@ import pathlib
 import sys
 import time
 
-from dmlopt import bench, placement, runtime
+from dmlopt import bench, runtime
+
+from dmlopt.targets.dml import placement
 from dmlopt.inspection import inspect
 from dmlopt.model import load, save
 from dmlopt.pipeline import optimize

@@ -36,7 +36,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt import placement as placement_mod
+from dmlopt.targets.dml import placement as placement_mod
 from dmlopt import runtime
 from dmlopt.target import Target, parse_version
 from dmlopt.errors import UsageError

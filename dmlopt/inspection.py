@@ -11,7 +11,7 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt.errors import printable_tree
-from dmlopt import placement
+from dmlopt.targets.dml import placement
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.graph_check import describe_values, has_subgraphs, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load

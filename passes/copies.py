@@ -1,7 +1,7 @@
 """copies: remove the causes the DirectML placement model finds for CPU nodes and copies.
 
 Every node ORT's DirectML EP leaves on the CPU costs a GPU->CPU and a CPU->GPU copy, and
-anything that cannot join a compiled DML graph splits it (dmlopt/placement.py and its data
+anything that cannot join a compiled DML graph splits it (dmlopt/targets/dml/placement.py and its data
 files say which, per ORT version).  The causes this pass removes:
 
 Rewrites:
@@ -44,7 +44,7 @@ import onnx_ir.passes.common as common_passes
 from onnxscript import optimizer
 from onnxscript.rewriter import pattern
 
-from dmlopt import placement
+from dmlopt.targets.dml import placement
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.shape_inference import sized_folds
 

@@ -11,7 +11,7 @@ import onnx_ir as ir
 import pytest
 
 import dmlopt
-from dmlopt import placement
+from dmlopt.targets.dml import placement
 from dmlopt.passes import PassContext, all_passes
 from dmlopt.passes.copies import CopiesPass, cast_round_trip_exact
 from dmlopt.pipeline import check_model, op_counts

@@ -61,7 +61,7 @@ import onnx_ir as ir
 
 from onnxscript.rewriter import pattern
 
-from dmlopt.einsum_support import GENERIC_SINCE, EquationError, einsum_supported, parse_equation
+from dmlopt.targets.dml.einsum_support import GENERIC_SINCE, EquationError, einsum_supported, parse_equation
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._shared import Decline, constant_array
 from dmlopt.target import DEFAULT_TARGET

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from dmlopt.einsum_support import einsum_supported, parse_equation
+from dmlopt.targets.dml.einsum_support import einsum_supported, parse_equation
 from dmlopt.passes import PassContext
 from dmlopt.passes.einsum import EinsumPass
 from dmlopt.pipeline import check_model, op_counts

@@ -40,7 +40,7 @@ import onnx_ir as ir
 from onnxscript.rewriter.ort_fusions.rms_normalization import RmsNormFusion
 from onnxscript.rewriter.ort_fusions.skip_normalization import SkipLayerNormFusion
 
-from dmlopt import placement
+from dmlopt.targets.dml import placement
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
 from dmlopt.passes._shared import all_nodes, show_shape
 from dmlopt.target import DEFAULT_TARGET

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import placement
+from dmlopt.targets.dml import placement
 from dmlopt.passes import PassContext
 from dmlopt.passes.norm_fusion import NormFusionPass
 from dmlopt.pipeline import check_model, op_counts

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dmlopt import placement
+from dmlopt.targets.dml import placement
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
 from dmlopt.passes._shared import all_nodes, show_shape
 

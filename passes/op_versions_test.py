@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import placement
+from dmlopt.targets.dml import placement
 from dmlopt.passes import PassContext
 from dmlopt.passes.op_versions import OpVersionsPass, opset_change_reason
 from dmlopt.pipeline import check_model, op_counts

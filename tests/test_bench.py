@@ -11,7 +11,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from dmlopt import bench, emulate, progress, runtime
+from dmlopt import bench, progress, runtime
+
+from dmlopt.targets.dml import emulate
 from dmlopt.errors import InputError, ProviderError, UsageError
 from tests.conftest import conv_leaky_model
 

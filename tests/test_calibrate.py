@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import calibrate, ort_log, placement, placement_folding
+from dmlopt.targets.dml import calibrate, ort_log, placement, placement_folding
 
 # ORT >= 1.2x: every node of a placement list is a log line of its own (session_state.cc).
 LOG_NEW = """\
@@ -107,7 +107,7 @@ def test_copies_and_profile():
 
 def test_compare_agrees_with_the_1_14_table():
     model = dmlopt.load(einsum_model())
-    predicted = dmlopt.placement.predict(model, ort_version="1.14").to_dict()
+    predicted = placement.predict(model, ort_version="1.14").to_dict()
     result = calibrate.compare(model, predicted, calibrate.actual_placement(LOG_NEW, PROFILE_NEW))
     s = result["summary"]
     assert s["cpu_predicted"] == s["cpu_actual"] == 1
@@ -122,7 +122,7 @@ def test_compare_agrees_with_the_1_14_table():
 def test_compare_reports_what_the_table_got_wrong():
     """The old-layout sample has the Einsum on DirectML and a Relu on the CPU: two mismatches."""
     model = dmlopt.load(einsum_model())
-    predicted = dmlopt.placement.predict(model, ort_version="1.14").to_dict()
+    predicted = placement.predict(model, ort_version="1.14").to_dict()
     result = calibrate.compare(model, predicted, calibrate.actual_placement(LOG_OLD, []))
     wrong = {m["node"]: (m["predicted"], m["actual_provider"]) for m in result["mismatches"]}
     assert wrong == {"einsum_rel": ("cpu", "DmlExecutionProvider"), "relu_out": ("gpu", "CPUExecutionProvider")}

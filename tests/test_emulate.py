@@ -10,7 +10,8 @@ import onnx_ir as ir
 import pytest
 
 import dmlopt
-from dmlopt import emulate, placement, runtime
+from dmlopt import runtime
+from dmlopt.targets.dml import emulate, placement
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"
 

@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import graph_capture, inspection, placement, placement_folding, runtime
+from dmlopt import graph_capture, inspection, runtime
+from dmlopt.targets.dml import placement, placement_folding
 from dmlopt.graph_capture import graph_capture_readiness
 from tests.conftest import conv_leaky_model
 

@@ -176,7 +176,7 @@ def test_cleanup_reports_the_fold_it_refused(tmp_path):
 
 
 def test_placement_warns_about_the_fold_it_did_not_evaluate(tmp_path):
-    from dmlopt import placement
+    from dmlopt.targets.dml import placement
 
     predicted = placement.predict(ir.load(_expand_bomb(tmp_path)))
     assert any("too large" in w for w in predicted.warnings), predicted.warnings

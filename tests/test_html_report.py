@@ -43,7 +43,7 @@ def rep():
         result = dmlopt.optimize(model, target="cpu", passes=["cleanup", "fp16"], tune=True, retime=True)
     r = result.report
     try:
-        from dmlopt import placement
+        from dmlopt.targets.dml import placement
     except ImportError:
         placement = None
     if placement is not None:

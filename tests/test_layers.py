@@ -20,14 +20,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Lowest first: a module may import its own layer and those below it.
 LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
-               "dmlopt.target", "dmlopt.scratch"],
+               "dmlopt.target", "dmlopt.scratch", "dmlopt.data"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
                    "dmlopt.graph_check", "dmlopt.names"],
     "ONNX Runtime": ["dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
-    "DirectML model": ["dmlopt.placement", "dmlopt.placement_data", "dmlopt.placement_nodes",
-                       "dmlopt.placement_folding", "dmlopt.placement_kernels", "dmlopt.placement_cpu",
-                       "dmlopt.placement_copies", "dmlopt.placement_partitions", "dmlopt.emulate",
-                       "dmlopt.einsum_support", "dmlopt.graph_capture", "dmlopt.calibrate", "dmlopt.ort_log"],
+    # Each target's knowledge in one package (dmlopt.targets.<ep>); graph capture spans targets.
+    "targets": ["dmlopt.targets", "dmlopt.targets.dml", "dmlopt.graph_capture"],
     "passes and report": ["dmlopt.passes", "dmlopt.report", "dmlopt.html_report", "dmlopt.inspection",
                           "dmlopt.session_config"],
     "engine": ["dmlopt.pipeline", "dmlopt.tune", "dmlopt.fp16_repair"],
@@ -41,9 +39,13 @@ def modules() -> dict[str, pathlib.Path]:
     """Module name -> file, for dmlopt/ and passes/ (installed as dmlopt.passes); tests left out."""
     found = {}
     for folder, package in (("dmlopt", "dmlopt"), ("passes", "dmlopt.passes")):
-        for path in sorted((ROOT / folder).glob("*.py")):
-            if not path.name.endswith("_test.py"):
-                found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name.endswith("_test.py"):
+                continue
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package,) + parts)] = path
     return found
 
 
@@ -149,7 +151,7 @@ def test_passes_import_no_sibling_pass():
 
 # The checks must be able to fail: each is shown a module with the fault added to its real source.
 @pytest.mark.parametrize("module, line, check", [
-    ("dmlopt.bench", "from dmlopt import placement\n", upward_imports),
+    ("dmlopt.bench", "from dmlopt.targets.dml import placement\n", upward_imports),
     ("dmlopt.report", "from dmlopt.pipeline import optimize\n", upward_imports),
     ("dmlopt.runtime", "from dmlopt import validate\n", cycles),  # validate imports runtime
     ("dmlopt.validate", "def later():\n    from dmlopt import shapes\n", function_imports),

@@ -13,7 +13,7 @@ import onnx_ir as ir
 import pytest
 
 import dmlopt
-from dmlopt import placement
+from dmlopt.targets.dml import placement
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"
 

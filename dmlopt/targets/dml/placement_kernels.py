@@ -13,9 +13,9 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from dmlopt.einsum_support import einsum_supported
-from dmlopt.placement_data import DmlData, Registration, canonical_domain
-from dmlopt.placement_nodes import attribute_value, dtype_name, op_name, present_values
+from dmlopt.targets.dml.einsum_support import einsum_supported
+from dmlopt.targets.dml.placement_data import DmlData, Registration, canonical_domain
+from dmlopt.targets.dml.placement_nodes import attribute_value, dtype_name, op_name, present_values
 
 
 MS_DOMAIN = "com.microsoft"

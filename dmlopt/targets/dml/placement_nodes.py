@@ -11,7 +11,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt.placement_data import Registration, canonical_domain
+from dmlopt.targets.dml.placement_data import Registration, canonical_domain
 
 
 @dataclasses.dataclass

@@ -11,8 +11,8 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt.placement_data import DmlData
-from dmlopt.placement_nodes import AnalysedNode, op_name, static_shape
+from dmlopt.targets.dml.placement_data import DmlData
+from dmlopt.targets.dml.placement_nodes import AnalysedNode, op_name, static_shape
 
 
 def find_partitions(graph: ir.Graph, analysed: list[AnalysedNode], data: DmlData, has_subgraph: bool) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import heapq
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt.placement_data import DmlData
-from dmlopt.placement_nodes import AnalysedNode, dtype_name, static_shape
+from dmlopt.targets.dml.placement_data import DmlData
+from dmlopt.targets.dml.placement_nodes import AnalysedNode, dtype_name, static_shape
 
 
 def cpu_preferred(graph: ir.Graph, analysed: list[AnalysedNode], constant: dict[int, ir.Value],

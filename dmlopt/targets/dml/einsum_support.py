@@ -1,7 +1,7 @@
 """Which Einsum equations ONNX Runtime's DirectML EP runs on the GPU, per ORT version.
 
 Why a module of its own: the einsum pass decides with it which Einsum nodes to lower, and
-the placement model (dmlopt/placement.py) predicts with it which ones fall back to the CPU;
+the placement model (dmlopt/targets/dml/placement.py) predicts with it which ones fall back to the CPU;
 both must agree.  The facts are in shared/dml-facts.md section 2 (DirectML EP
 OperatorHelper.cpp ``EinSumHelper::DetermineRecognizedOperatorType`` and
 DmlOperatorEinSum.cpp):

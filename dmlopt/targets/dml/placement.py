@@ -32,12 +32,12 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt.einsum_support import einsum_supported
-from dmlopt.placement_copies import find_copies
-from dmlopt.placement_cpu import cpu_preferred, int64_source_check
-from dmlopt.placement_data import DmlData, Registration, canonical_domain, load_data
-from dmlopt.placement_folding import UNFOLDED_KEY, prepare, prepared_graph
-from dmlopt.placement_kernels import (
+from dmlopt.targets.dml.einsum_support import einsum_supported
+from dmlopt.targets.dml.placement_copies import find_copies
+from dmlopt.targets.dml.placement_cpu import cpu_preferred, int64_source_check
+from dmlopt.targets.dml.placement_data import DmlData, Registration, canonical_domain, load_data
+from dmlopt.targets.dml.placement_folding import UNFOLDED_KEY, prepare, prepared_graph
+from dmlopt.targets.dml.placement_kernels import (
     find_kernel,
     memory_slots,
     registered_versions,
@@ -47,7 +47,7 @@ from dmlopt.placement_kernels import (
     version_gap_text,
     version_gaps,
 )
-from dmlopt.placement_nodes import (
+from dmlopt.targets.dml.placement_nodes import (
     AnalysedNode,
     constant_values,
     graph_attributes,
@@ -55,7 +55,7 @@ from dmlopt.placement_nodes import (
     op_name,
     static_shape,
 )
-from dmlopt.placement_partitions import find_partitions
+from dmlopt.targets.dml.placement_partitions import find_partitions
 from dmlopt.target import available_versions, resolve_version
 
 __all__ = ["Placement", "available_versions", "einsum_supported", "load_data", "predict", "summary_table"]

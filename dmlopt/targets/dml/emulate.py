@@ -30,7 +30,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from dmlopt import bench, runtime
-from dmlopt import placement as placement_mod
+from dmlopt.targets.dml import placement as placement_mod
 from dmlopt.errors import InputError, UsageError
 from dmlopt.progress import bar_for
 

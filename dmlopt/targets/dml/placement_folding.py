@@ -10,8 +10,8 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt.placement_data import canonical_domain
-from dmlopt.placement_nodes import attribute_value, graph_attributes, static_shape
+from dmlopt.targets.dml.placement_data import canonical_domain
+from dmlopt.targets.dml.placement_nodes import attribute_value, graph_attributes, static_shape
 from dmlopt.shape_inference import check_function_expansion, fold_refusal, infer_shapes
 
 

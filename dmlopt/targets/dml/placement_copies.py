@@ -12,7 +12,7 @@ import networkx as nx
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt.placement_nodes import AnalysedNode, dtype_name, static_shape
+from dmlopt.targets.dml.placement_nodes import AnalysedNode, dtype_name, static_shape
 
 
 def _tensor_bytes(value: ir.Value) -> int | None:

@@ -22,8 +22,10 @@ from typing import Any, Mapping
 
 import onnx_ir as ir
 
-from dmlopt import ort_log, runtime, scratch
-from dmlopt import placement as placement_mod
+from dmlopt import runtime, scratch
+
+from dmlopt.targets.dml import ort_log
+from dmlopt.targets.dml import placement as placement_mod
 from dmlopt.errors import ProviderError
 from dmlopt.jsontext import json_text
 from dmlopt.model import write_text
