@@ -192,7 +192,7 @@ def build_parser() -> Parser:
     p.add_argument("-o", "--output", help="output .onnx (never the input)")
     _add_shape_args(p)
     p.add_argument("--passes", help="comma-separated pass names (default: every pass that applies); see `dmlopt passes`")
-    p.add_argument("--target", default="dml", choices=["dml", "cuda", "cpu"], help="deployment provider (default dml)")
+    p.add_argument("--target", default="dml", choices=["dml", "cuda", "cpu", "webgpu"], help="deployment provider (default dml)")
     p.add_argument("--ort-version", help="ONNX Runtime version deployed on the target, e.g. 1.14 (default: newest)")
     p.add_argument("--report", metavar="PATH", help="write the report: JSON if PATH ends in .json, HTML if .html")
     p.add_argument("--no-validate", action="store_true", help="run no model: no numerics check, auto options at their "

@@ -27,6 +27,9 @@ from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.passes import DmlPass, EngineSettings, Option, OptionStore, PassContext, all_passes
 from dmlopt.shapes import check_shapes
 from dmlopt.target import Target
+from dmlopt.targets.webgpu import kernels as webgpu_kernels
+from dmlopt.targets.webgpu import placement as webgpu_placement
+from dmlopt.targets.webgpu import validation as webgpu_validation
 from dmlopt.validate import validate as run_validation
 
 # Names pass options must not take: optimize()'s own keywords and the CLI's own flags (python spelling).
@@ -155,7 +158,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     resolved = Target.resolve(target, ort_version)  # once: every pass, tuning and the session config read it
     tuning.require_validation(tune, validate)
     if tune or retime:
-        tuning.require_target(target)  # before any work: exit 2 naming the providers present
+        tuning.require_target(target, tuning=tune)  # before any work: exit 2 naming the providers present
     if progress and isinstance(model, (str, os.PathLike)):
         progress(f"load {os.fspath(model)}")
     original = load(model)
@@ -165,9 +168,12 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     store = check_options(options)
     pass_classes = select_passes(passes)
     check_precision_passes(pass_classes, store, explicit=passes is not None, tune=tune)
+    # WebGPU, where its EP runs here: fused sites are probed on it first (dmlopt.targets.webgpu.kernels).
+    on_ep = resolved.ep == "webgpu" and validate and runtime.has_target("webgpu")
     context = PassContext(target=resolved,
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
-                          dims=dict(dims or {}), options=store, engine=EngineSettings(tune=tune),
+                          dims=dict(dims or {}), options=store,
+                          engine=EngineSettings(tune=tune, kernel_check=webgpu_kernels.check if on_ep else None),
                           precision=tuning.precision_of(store))
     # The report's "options" keep their keys: the user's pass options and "tune".
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version,
@@ -206,10 +212,21 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         if not v.passed and before_fp16 is not None:
             out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
+        if out.passed and on_ep:
+            if progress:
+                progress("validate on the WebGPU EP")
+            found = webgpu_validation.on_ep(original, out.model, shapes=context.shapes, dims=context.dims,
+                                            inputs=inputs, atol=atol, rtol=rtol)
+            rep.validation = {**rep.validation, "cpu_passed": rep.validation["passed"], "webgpu": found,
+                              "passed": found["passed"]}
+            if not found["passed"]:
+                return out  # the CPU EP agrees: bisecting there would name no pass
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
-    if out.passed and (retime or (retime is None and validate and runtime.has_target(target))):
+    # A software adapter (WebGPU on lavapipe) is timed only when asked, and the timing says so.
+    if out.passed and (retime or (retime is None and validate and runtime.has_target(target)
+                                  and runtime.timing_refusal(target) is None)):
         if progress:
             progress(f"time before/after on {target}")
         rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,
@@ -227,6 +244,12 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
     if target in ("dml", "cuda"):
         readiness = graph_capture_readiness(work, context.target)
         rep.graph_capture = readiness.to_dict()
+    elif target == "webgpu":  # measured from the EP where it runs (dmlopt.targets.webgpu.placement)
+        if progress:
+            progress("placement on the WebGPU EP")
+        measured = webgpu_placement.measure(work, dims=context.dims)
+        readiness = webgpu_placement.readiness(work, measured)
+        rep.graph_capture = {**readiness.to_dict(), "placement": measured}
     ep_tuning = None
     if tune and target in ("dml", "cuda") and runtime.has_target(target):
         if progress:
@@ -234,7 +257,7 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
         ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,
                                   free_dims=context.dims)
     cfg = session_config.recommend(work, context.target, readiness=readiness,
-                                   ep_tuning=ep_tuning, dims=context.dims)
+                                   ep_tuning=ep_tuning, dims=context.dims, precision=context.precision)
     rep.session_config = {"config": cfg, "path": None, "snippet": None}
 
 

@@ -191,7 +191,14 @@ def _validation_table(v: dict[str, Any]) -> str:
     for o in v["outputs"]:
         rows.append((o["name"], f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}", f"{o['cosine']:.6f}",
                      "ok" if o["passed"] else "FAIL"))
-    return "validation (ORT CPU EP, " + ("passed" if v["passed"] else "FAILED") + "):\n" + format_table(rows)
+    text = "validation (ORT CPU EP, " + ("passed" if v.get("cpu_passed", v["passed"]) else "FAILED") + "):\n"
+    text += format_table(rows)
+    on_ep = v.get("webgpu")
+    if on_ep is not None:  # dmlopt.targets.webgpu.validation: the optimized model on the WebGPU EP
+        worst = max((o["max_abs"] for o in on_ep["optimized"]["outputs"]), default=0.0)
+        text += (f"\nvalidation on the WebGPU EP ({on_ep['adapter']}): {'passed' if on_ep['passed'] else 'FAILED'}: "
+                 f"{on_ep['verdict']} (max abs {worst:.3g})")
+    return text
 
 
 def write(rep: Report, path) -> None:

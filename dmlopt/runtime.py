@@ -20,13 +20,16 @@ import onnx_ir as ir
 from dmlopt import scratch
 from dmlopt.errors import InputError, ProviderError
 from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
+from dmlopt.targets.webgpu import adapter as webgpu_adapter
+from dmlopt.targets.webgpu import host as webgpu_host
 
 PROVIDERS = {
     "dml": "DmlExecutionProvider",
     "cuda": "CUDAExecutionProvider",
     "cpu": "CPUExecutionProvider",
+    "webgpu": "WebGpuExecutionProvider",
 }
-# "auto" means the best GPU provider present, else the CPU.
+# "auto" means the best GPU provider present, else the CPU (WebGPU only when named: it may be software).
 AUTO_ORDER = ("dml", "cuda", "cpu")
 
 
@@ -54,7 +57,20 @@ def available_providers() -> list[str]:
 
 
 def has_target(target: str) -> bool:
+    if target == "webgpu":  # a plug-in: present once registered with a device (dmlopt.targets.webgpu.host)
+        return webgpu_host.ep_device(ort())[0] is not None
     return PROVIDERS[target] in available_providers()
+
+
+def timing_refusal(target: str) -> str | None:
+    """Why times on `target` here must not choose anything (None: they may): WebGPU on a software
+    adapter (lavapipe) runs, so placement and numerics are real, but its times are not a GPU's."""
+    if target != "webgpu":
+        return None
+    chosen, why = webgpu_adapter.chosen()
+    if chosen is not None and chosen.software:
+        return f"the WebGPU adapter is software ({chosen.name}): its times are no basis for a speed claim or a choice"
+    return None
 
 
 def resolve_ep(ep: str) -> str:
@@ -70,7 +86,8 @@ def resolve_ep(ep: str) -> str:
         raise ProviderError(
             f"{PROVIDERS[ep]} is not available here; providers present: {', '.join(available_providers())}"
             + (" (DirectML needs onnxruntime-directml on Windows)" if ep == "dml" else "")
-            + (" (CUDA needs onnxruntime-gpu: pip install 'dmlopt[gpu]')" if ep == "cuda" else ""))
+            + (" (CUDA needs onnxruntime-gpu: pip install 'dmlopt[gpu]')" if ep == "cuda" else "")
+            + (f" ({webgpu_host.ep_device(ort())[1]})" if ep == "webgpu" else ""))
     return ep
 
 
@@ -233,9 +250,21 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
             so.log_severity_level = severity
         return so
 
-    providers = [provider_entry(target, provider_options)]
-    if target != "cpu":
-        providers.append("CPUExecutionProvider")
+    if target == "webgpu":  # a plug-in EP: chosen by device, not by name
+        providers = None
+        device, why = webgpu_host.ep_device(rt)
+        if device is None:
+            raise ProviderError(f"{PROVIDERS[target]} is not available here: {why}")
+        base = options
+
+        def options():
+            so = base()
+            so.add_provider_for_devices([device], {k: str(v) for k, v in (provider_options or {}).items()})
+            return so
+    else:
+        providers = [provider_entry(target, provider_options)]
+        if target != "cpu":
+            providers.append("CPUExecutionProvider")
     if share_weights and not rewrites and target != "cpu":
         raise ValueError("share_weights without ORT's rewrites is for CPU sessions")
     if share_weights and shareable_weights(model) is not None:
@@ -266,6 +295,8 @@ def _shared_session(rt, model, so, providers, cache, *, external: bool):
 
 def _create(rt, src, so, providers):
     try:
+        if providers is None:  # chosen in `so` (add_provider_for_devices)
+            return rt.InferenceSession(src, sess_options=so)
         return rt.InferenceSession(src, sess_options=so, providers=providers)
     except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
         raise InputError(f"ONNX Runtime cannot load the model: {_first_line(e)}") from e

@@ -29,11 +29,13 @@ from dmlopt.graph_capture import Readiness
 from dmlopt.jsontext import json_text
 from dmlopt.model import check_destination, write_text
 from dmlopt.target import Target
+from dmlopt.targets.webgpu import session as webgpu_session
 
 __all__ = ["FORMAT", "config_path", "cpu_stand_in", "recommend", "snippet", "write"]
 
 FORMAT = "dmlopt-session-config/1"
-PROVIDERS = {"dml": "DmlExecutionProvider", "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+PROVIDERS = {"dml": "DmlExecutionProvider", "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider",
+             "webgpu": "WebGpuExecutionProvider"}
 SUFFIX = ".session.json"
 # Provider options taken from a measurement (bench.TUNE_GRID varies them), never set on a guess.
 MEASURED_OPTIONS = ("disable_metacommands", "performance_preference", "cudnn_conv_algo_search", "prefer_nhwc")
@@ -47,7 +49,7 @@ def config_path(output: str | os.PathLike) -> str:
 
 def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None = None,
               readiness: Readiness | None = None, ep_tuning: Mapping[str, Any] | None = None,
-              dims: Mapping[str, int] | None = None) -> dict[str, Any]:
+              dims: Mapping[str, int] | None = None, precision: str = "float32") -> dict[str, Any]:
     """The session configuration for `model` (already optimized) on `target`, as a JSON-ready dict.
 
     `readiness`: graph_capture_readiness of the model (graph capture is enabled only when ready);
@@ -93,6 +95,8 @@ def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None 
                 "after); --tune measures HEURISTIC and DEFAULT")
         if "prefer_nhwc" not in measured:
             cfg["not_set"]["provider_options.prefer_nhwc"] = "not measured faster on this model (--tune measures it)"
+    if target == "webgpu":  # its options and graph capture: dmlopt.targets.webgpu.session
+        webgpu_session.recommend(cfg, put, readiness, precision)
     _graph_capture(cfg, put, target, readiness)
     for name in _dynamic_dims(model):
         value = int((dims or {}).get(name, 1))
@@ -180,10 +184,34 @@ for key, value in cfg["session_config_entries"].items():
 for name, value in cfg["free_dimension_overrides"].items():
     so.add_free_dimension_override_by_name(name, value)
 model_path = os.path.join(os.path.dirname(os.path.abspath(config_path)), cfg["model"])
-providers = [(cfg["provider"], cfg["provider_options"])]
-if cfg["provider"] != "CPUExecutionProvider":
-    providers.append("CPUExecutionProvider")
-session = ort.InferenceSession(model_path, sess_options=so, providers=providers)
+if cfg["provider"] == "WebGpuExecutionProvider":  # a plug-in EP: pip install onnxruntime-ep-webgpu
+    import numpy as np
+    import onnxruntime_ep_webgpu
+
+    if not any(d.ep_name == cfg["provider"] for d in ort.get_ep_devices()):
+        ort.register_execution_provider_library("webgpu", onnxruntime_ep_webgpu.get_library_path())
+    device = next(d for d in ort.get_ep_devices() if d.ep_name == cfg["provider"])
+    so.add_provider_for_devices([device], cfg["provider_options"])
+    session = ort.InferenceSession(model_path, sess_options=so)
+    if cfg.get("requires_shader_f16"):  # without the adapter's shader-f16 the first run fails (no fallback)
+        dims = cfg["free_dimension_overrides"]
+        probe = {{i.name: np.zeros([d if isinstance(d, int) else dims.get(d, 1) for d in i.shape],
+                                  np.float16 if i.type == "tensor(float16)" else np.float32)
+                 for i in session.get_inputs()}}
+        no_capture = ort.RunOptions()
+        no_capture.add_run_config_entry("gpu_graph_id", "-1")  # this run outside graph capture
+        try:
+            session.run(None, probe, no_capture)
+        except Exception:
+            if not cfg.get("fp32_model"):
+                raise
+            model_path = os.path.join(os.path.dirname(model_path), cfg["fp32_model"])
+            session = ort.InferenceSession(model_path, sess_options=so)
+else:
+    providers = [(cfg["provider"], cfg["provider_options"])]
+    if cfg["provider"] != "CPUExecutionProvider":
+        providers.append("CPUExecutionProvider")
+    session = ort.InferenceSession(model_path, sess_options=so, providers=providers)
 assert session.get_providers()[0] == cfg["provider"], session.get_providers()  # never a silent CPU run
 '''
 

@@ -32,6 +32,7 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt.targets.dml import placement
+from dmlopt.targets.webgpu import registry as webgpu_registry
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
 from dmlopt.passes._shared import all_nodes, show_shape
 
@@ -217,7 +218,7 @@ class OpVersionsPass(DmlPass):
     order = 12.0
 
     def enabled(self) -> bool:
-        return self.context.target.ep == "dml"
+        return self.context.target.ep in ("dml", "webgpu")
 
     needs_names = "sites"
     needs_shapes = "onnx"
@@ -225,14 +226,16 @@ class OpVersionsPass(DmlPass):
     def find_sites(self, model: ir.Model) -> list[ir.Node]:
         if _onnx_opset(model) is None:
             return []
-        return [n for n in all_nodes(model) if n.domain in ("", "ai.onnx")
-                and n.op_type in ("GroupNormalization", "GridSample")]
+        ops = ("GridSample",) if self.context.target.ep == "webgpu" else ("GroupNormalization", "GridSample")
+        return [n for n in all_nodes(model) if n.domain in ("", "ai.onnx") and n.op_type in ops]
 
     def shapes_missing(self, sites) -> bool:
         return any(n.inputs[0] is not None and n.inputs[0].shape is None for n in sites)
 
     def rewrite(self, model: ir.Model) -> bool:
         opset = _onnx_opset(model)
+        if self.context.target.ep == "webgpu":  # WebGPU: GridSample only (its other registrations are not tabled)
+            return self._lower_grid_sample(model, opset, None) > 0
         data = placement.load_data(self.context.target.table_version)
         count = 0
         if any(n.op_type == "GroupNormalization" and n.domain in ("", "ai.onnx") for n in all_nodes(model)):
@@ -240,15 +243,18 @@ class OpVersionsPass(DmlPass):
         count += self._lower_grid_sample(model, opset, data)
         return count > 0
 
-    def _lower_grid_sample(self, model: ir.Model, opset: int, data: placement.DmlData) -> int:
-        registered = placement.registered_versions(data, "", "GridSample")
+    def _lower_grid_sample(self, model: ir.Model, opset: int, data: placement.DmlData | None) -> int:
+        """`data` None: the WebGPU EP's registrations (dmlopt.targets.webgpu.registry)."""
+        registered = (placement.registered_versions(data, "", "GridSample") if data is not None
+                      else webgpu_registry.REGISTERED_VERSIONS[("", "GridSample")])
+        who = f"ORT {data.version}'s DirectML" if data is not None else "the WebGPU EP"
         since = _since("GridSample", opset)
         nodes = [n for n in all_nodes(model) if n.op_type == "GridSample" and n.domain in ("", "ai.onnx")]
         if not nodes or since in registered:
             return 0
         if 16 not in registered:
             for node in nodes:
-                self.declined(node, f"ORT {data.version}'s DirectML registers no GridSample at any version")
+                self.declined(node, f"{who} registers no GridSample at any version")
             return 0
         target = max(o for o in range(16, opset) if _since("GridSample", o) == 16)
         reasons = {id(n): grid_sample_reason(n) for n in nodes}
