@@ -222,7 +222,8 @@ def build_parser() -> Parser:
     p = sub.add_parser("inspect", help="inputs, outputs, op histogram and what the passes would look at")
     p.add_argument("model")
     p.add_argument("--json", action="store_true", help="print a JSON object")
-    p.add_argument("--ep", choices=["dml"], help="predict placement on this provider (dml)")
+    p.add_argument("--ep", choices=["dml", "webgpu"],
+                   help="placement on this provider: dml predicted from its table, webgpu measured on the EP")
     p.add_argument("--ort-version", help="ONNX Runtime version for the placement model (default: newest)")
 
     p = sub.add_parser("validate", help="compare two models' outputs on ORT's CPU EP",
@@ -235,6 +236,8 @@ def build_parser() -> Parser:
     p.add_argument("--atol", type=float)
     p.add_argument("--rtol", type=float)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ep", default="cpu", choices=["cpu", "cuda", "dml", "webgpu"],
+                   help="run CAND on this provider (REF stays on the CPU EP, the reference; default cpu)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="time a model on a provider (session creation, latency, copies)",
@@ -242,8 +245,8 @@ def build_parser() -> Parser:
                                    "then time N runs with fixed inputs (IO binding on GPU providers). Asking for a "
                                    "provider that is not here is an error, never a silent CPU run.")
     p.add_argument("model")
-    p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu"],
-                   help="provider (default auto: DirectML, else CUDA, else CPU)")
+    p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu", "webgpu"],
+                   help="provider (default auto: DirectML, else CUDA, else CPU; webgpu only when named)")
     p.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed, profiled runs first (default 3)")
     _add_shape_args(p)
@@ -438,7 +441,7 @@ def cmd_validate(args) -> int:
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
     check_input(cand, args.cand)
     v = validate(ref, cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
-                 rtol=args.rtol, seed=args.seed)
+                 rtol=args.rtol, seed=args.seed, ep=runtime.resolve_ep(args.ep))
     # the table with output names escaped (a name must not forge a line); the JSON keeps them
     shown = dataclasses.replace(v, outputs=[dataclasses.replace(o, name=printable(o.name)) for o in v.outputs])
     print(json_text(v.to_dict()) if args.json else shown.to_table())
