@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -58,8 +59,21 @@ def available_providers() -> list[str]:
 
 def has_target(target: str) -> bool:
     if target == "webgpu":  # a plug-in: present once registered with a device (dmlopt.targets.webgpu.host)
-        return webgpu_host.ep_device(ort())[0] is not None
+        return webgpu_missing() is None
     return PROVIDERS[target] in available_providers()
+
+
+def webgpu_missing() -> str | None:
+    """Why the WebGPU EP cannot run here (None: it can): no plug-in or device, or (Linux, where Dawn
+    runs on Vulkan) no Vulkan adapter, which Dawn reports only when a session starts."""
+    device, why = webgpu_host.ep_device(ort())
+    if device is None:
+        return why
+    if sys.platform != "win32":
+        chosen, why = webgpu_adapter.chosen()
+        if chosen is None:
+            return f"no adapter for Dawn: {why}"
+    return None
 
 
 def timing_refusal(target: str) -> str | None:
@@ -87,7 +101,7 @@ def resolve_ep(ep: str) -> str:
             f"{PROVIDERS[ep]} is not available here; providers present: {', '.join(available_providers())}"
             + (" (DirectML needs onnxruntime-directml on Windows)" if ep == "dml" else "")
             + (" (CUDA needs onnxruntime-gpu: pip install 'dmlopt[gpu]')" if ep == "cuda" else "")
-            + (f" ({webgpu_host.ep_device(ort())[1]})" if ep == "webgpu" else ""))
+            + (f" ({webgpu_missing()})" if ep == "webgpu" else ""))
     return ep
 
 
@@ -252,9 +266,10 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
 
     if target == "webgpu":  # a plug-in EP: chosen by device, not by name
         providers = None
-        device, why = webgpu_host.ep_device(rt)
-        if device is None:
-            raise ProviderError(f"{PROVIDERS[target]} is not available here: {why}")
+        device, _ = webgpu_host.ep_device(rt)
+        missing = webgpu_missing()
+        if missing is not None:
+            raise ProviderError(f"{PROVIDERS[target]} is not available here: {missing}")
         base = options
 
         def options():

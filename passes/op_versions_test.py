@@ -190,9 +190,20 @@ def test_placement_tables_register_grid_sample_16_from_ort_1_15():
         assert row.source  # every rule names its source
 
 
-def test_only_for_directml():
+def test_only_for_directml_and_webgpu():
     assert not OpVersionsPass(PassContext(target="cuda")).enabled()
     assert OpVersionsPass(PassContext(target="dml")).enabled()
+    assert OpVersionsPass(PassContext(target="webgpu")).enabled()
+
+
+def test_webgpu_pins_grid_sample_to_16_and_leaves_group_norm():
+    """WebGPU registers GridSample for opsets 16-19 only (dmlopt.targets.webgpu.registry; tests/test_webgpu.py
+    measures it on the EP); its GroupNormalization is not this pass's business there."""
+    original, result, p = rewrite(grid_sample_model(20), target="webgpu", ort_version=None)
+    assert result.model.opset_imports[""] == 19 and p.sites[0].action == "rewrote"
+    assert dmlopt.validate(original, result.model).passed
+    _, result, p = rewrite(group_norm_model(21), target="webgpu", ort_version=None)
+    assert not result.modified and not p.sites
 
 
 def test_through_optimize():

@@ -35,7 +35,7 @@ def measure(model: ir.Model, *, dims: Mapping[str, int] | None = None,
     """Placement and copies of `model` in a WebGPU session as deployed (ORT_ENABLE_ALL), from its log:
     {measured, provider, adapter, nodes_by_provider, cpu_nodes [{op, name}], copies, reason}."""
     if not runtime.has_target("webgpu"):
-        return {"measured": False, "reason": host.ep_device(runtime.ort())[1]}
+        return {"measured": False, "reason": runtime.webgpu_missing()}
     try:
         with ort_log.capture_stderr() as box:
             runtime.session(model, "webgpu", provider_options=provider_options, free_dims=dims, log_severity=0)
