@@ -22,6 +22,7 @@ from typing import Iterator, Sequence
 from dmlopt import bench, demo, runtime, scratch, session_config
 
 from dmlopt.targets.dml import calibrate, emulate
+from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt import report as report_mod
 from dmlopt.errors import DmlOptError, InputError, UsageError, printable
 from dmlopt.graph_capture import graph_capture_readiness
@@ -381,7 +382,8 @@ def _write_session_config(rep, output: str, path: str | None, protected: dict[st
         return
     session_config.write(rep.session_config["config"], path, output, protected=protected)
     rep.session_config["config"]["model"] = os.path.basename(output)
-    rep.session_config.update(path=path, snippet=session_config.snippet(path))
+    target = rep.session_config["config"]["target"]
+    rep.session_config.update(path=path, snippet=session_config.snippet(path, target))
 
 
 def _session_config_written(rep) -> str:
@@ -399,6 +401,8 @@ def _add_calibrate_parser(sub) -> None:
     p.add_argument("--ort-version", default="auto",
                    help="placement table to compare with (default auto: the onnxruntime installed here)")
     p.add_argument("-o", "--output", metavar="CALIB.json", help="write the full comparison as JSON")
+    p.add_argument("--ep", default="dml", choices=["dml", "webgpu"],
+                   help="the EP to calibrate against (default dml; webgpu: dmlopt's WebGPU table vs the plug-in EP)")
     _add_shape_args(p)
     p.add_argument("--json", action="store_true", help="print the JSON instead of a table")
 
@@ -412,12 +416,18 @@ def cmd_calibrate(args) -> int:
     shapes, dims = _shapes(args)
     model = load(args.model)
     check_input(model)
-    result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims)
+    if args.ep == "webgpu":
+        runtime.resolve_ep("webgpu")  # calibration needs the EP: exit 2 with the reason
+        result = webgpu_placement.calibrate(model, dims=dims)
+        table = webgpu_placement.calibration_table(result)
+    else:
+        result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims)
+        table = None
     result["model"] = os.path.basename(args.model)
     if args.output:
         with args.writes.writing(args.output):
             calibrate.write(result, args.output, protected)
-    print(json_text(result) if args.json else calibrate.to_table(result))
+    print(json_text(result) if args.json else table or calibrate.to_table(result))
     return EXIT_OK
 
 

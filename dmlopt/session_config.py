@@ -184,40 +184,26 @@ for key, value in cfg["session_config_entries"].items():
 for name, value in cfg["free_dimension_overrides"].items():
     so.add_free_dimension_override_by_name(name, value)
 model_path = os.path.join(os.path.dirname(os.path.abspath(config_path)), cfg["model"])
-if cfg["provider"] == "WebGpuExecutionProvider":  # a plug-in EP: pip install onnxruntime-ep-webgpu
-    import numpy as np
-    import onnxruntime_ep_webgpu
-
-    if not any(d.ep_name == cfg["provider"] for d in ort.get_ep_devices()):
-        ort.register_execution_provider_library("webgpu", onnxruntime_ep_webgpu.get_library_path())
-    device = next(d for d in ort.get_ep_devices() if d.ep_name == cfg["provider"])
-    so.add_provider_for_devices([device], cfg["provider_options"])
-    session = ort.InferenceSession(model_path, sess_options=so)
-    if cfg.get("requires_shader_f16"):  # without the adapter's shader-f16 the first run fails (no fallback)
-        dims = cfg["free_dimension_overrides"]
-        probe = {{i.name: np.zeros([d if isinstance(d, int) else dims.get(d, 1) for d in i.shape],
-                                  np.float16 if i.type == "tensor(float16)" else np.float32)
-                 for i in session.get_inputs()}}
-        no_capture = ort.RunOptions()
-        no_capture.add_run_config_entry("gpu_graph_id", "-1")  # this run outside graph capture
-        try:
-            session.run(None, probe, no_capture)
-        except Exception:
-            if not cfg.get("fp32_model"):
-                raise
-            model_path = os.path.join(os.path.dirname(model_path), cfg["fp32_model"])
-            session = ort.InferenceSession(model_path, sess_options=so)
-else:
-    providers = [(cfg["provider"], cfg["provider_options"])]
-    if cfg["provider"] != "CPUExecutionProvider":
-        providers.append("CPUExecutionProvider")
-    session = ort.InferenceSession(model_path, sess_options=so, providers=providers)
+providers = [(cfg["provider"], cfg["provider_options"])]
+if cfg["provider"] != "CPUExecutionProvider":
+    providers.append("CPUExecutionProvider")
+session = ort.InferenceSession(model_path, sess_options=so, providers=providers)
 assert session.get_providers()[0] == cfg["provider"], session.get_providers()  # never a silent CPU run
 '''
 
 
-def snippet(path: str | os.PathLike) -> str:
-    """Python that creates the session the configuration file at `path` describes."""
+GENERIC_SESSION = """providers = [(cfg["provider"], cfg["provider_options"])]
+if cfg["provider"] != "CPUExecutionProvider":
+    providers.append("CPUExecutionProvider")
+session = ort.InferenceSession(model_path, sess_options=so, providers=providers)
+"""
+
+
+def snippet(path: str | os.PathLike, target: str | None = None) -> str:
+    """Python that creates the session the configuration file at `path` describes (`target` webgpu:
+    the plug-in EP's registration and the shader-f16 check, dmlopt.targets.webgpu.session)."""
+    if target == "webgpu":
+        return SNIPPET.replace(GENERIC_SESSION, webgpu_session.SNIPPET_SESSION).format(path=os.fspath(path))
     return SNIPPET.format(path=os.fspath(path))
 
 

@@ -140,7 +140,7 @@ def test_session_config_runs_on_the_ep_with_graph_capture(small_sam, tmp_path):
     assert cfg["provider_options"]["enableGraphCapture"] == "1"
     path = session_config.write(cfg, tmp_path / "sam.session.json", out)
     scope: dict = {}
-    exec(compile(session_config.snippet(path), "snippet", "exec"), scope)  # noqa: S102 - the tested text
+    exec(compile(session_config.snippet(path, "webgpu"), "snippet", "exec"), scope)  # noqa: S102 - the tested text
     session = scope["session"]
     rt = runtime.ort()
     x = np.random.default_rng(0).standard_normal(session.get_inputs()[0].shape).astype(np.float32)

@@ -41,3 +41,31 @@ def recommend(cfg: dict[str, Any], put: Put, readiness: Readiness | None, precis
             "the model is float16: the WebGPU EP needs the adapter's shader-f16 feature and fails at run time "
             "without it (no fallback); the snippet checks with a first run and loads 'fp32_model' instead when "
             "there is one (dmlopt optimize --fp16 --fp32-sibling)")
+
+
+# The session part of session_config's snippet for WebGPU (a str.format template: braces doubled).
+# The plug-in is registered once per process; with "requires_shader_f16" one run outside graph capture
+# checks the adapter, and "fp32_model" (when dmlopt wrote one) is loaded where it fails.
+SNIPPET_SESSION = """import numpy as np
+import onnxruntime_ep_webgpu  # pip install onnxruntime-ep-webgpu
+
+if not any(d.ep_name == cfg["provider"] for d in ort.get_ep_devices()):
+    ort.register_execution_provider_library("webgpu", onnxruntime_ep_webgpu.get_library_path())
+device = next(d for d in ort.get_ep_devices() if d.ep_name == cfg["provider"])
+so.add_provider_for_devices([device], cfg["provider_options"])
+session = ort.InferenceSession(model_path, sess_options=so)
+if cfg.get("requires_shader_f16"):  # without the adapter's shader-f16 the first run fails (no fallback)
+    dims = cfg["free_dimension_overrides"]
+    probe = {{i.name: np.zeros([d if isinstance(d, int) else dims.get(d, 1) for d in i.shape],
+                              np.float16 if i.type == "tensor(float16)" else np.float32)
+             for i in session.get_inputs()}}
+    no_capture = ort.RunOptions()
+    no_capture.add_run_config_entry("gpu_graph_id", "-1")  # this run outside graph capture
+    try:
+        session.run(None, probe, no_capture)
+    except Exception:
+        if not cfg.get("fp32_model"):
+            raise
+        model_path = os.path.join(os.path.dirname(model_path), cfg["fp32_model"])
+        session = ort.InferenceSession(model_path, sess_options=so)
+"""
