@@ -24,7 +24,7 @@ from dmlopt import bench, demo, runtime, scratch, session_config
 from dmlopt.targets.dml import calibrate, emulate
 from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt import report as report_mod
-from dmlopt.errors import DmlOptError, InputError, UsageError, printable
+from dmlopt.errors import CheckFailed, DmlOptError, InputError, UsageError, printable
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.inspection import inspect, to_table
 from dmlopt.jsontext import json_text
@@ -330,18 +330,34 @@ def cmd_optimize(args) -> int:
         _check_report_path(args.report, written)
     report_path = {args.report: "the report"} if args.report else {}
     session_path = _session_config_target(args, output, {**written, **report_path})
+    sibling_path = _sibling_path(args, output, {**written, **report_path,
+                                                **({session_path: "the session configuration"} if session_path else {})})
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
-    result = optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
-                             ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
-                             inputs=args.inputs, atol=args.atol, rtol=args.rtol, progress=_progress(args),
-                             retime=args.retime, **options)
+    common = dict(shapes=shapes, dims=dims, passes=args.passes, target=args.target, ort_version=args.ort_version,
+                  validate=not args.no_validate, inputs=args.inputs, atol=args.atol, rtol=args.rtol,
+                  progress=_progress(args))
+    result = optimize(args.model, tune=args.tune, retime=args.retime, **common, **options)
     rep = result.report
     ok = result.passed
+    sibling = None
+    if sibling_path and (ok or args.force):  # the float32 twin: the main run's choices, no fp16
+        chosen = {c["option"]: c["choice"] for c in rep.choices}
+        sibling = optimize(args.model, retime=False, **common, **{**chosen, **options, "fp16": False})
+        if not sibling.passed and not args.force:
+            raise CheckFailed(f"the float32 sibling ({printable(sibling_path)}) does not match the original; "
+                              "nothing was written")
     if ok or args.force:
         with args.writes.writing(output, output + ".data"):
             save(result.model, output, protect=tuple(protected))
         rep.written = os.fspath(output)
         rep.forced = not ok
+        if sibling is not None:
+            with args.writes.writing(sibling_path, sibling_path + ".data"):
+                save(sibling.model, sibling_path, protect=tuple(protected))
+            if rep.session_config:
+                rep.session_config["config"]["fp32_model"] = os.path.basename(sibling_path)
+                rep.session_config["config"]["reasons"]["fp32_model"] = (
+                    "the same passes in float32 (--fp32-sibling), for an adapter the float16 model cannot run on")
         with args.writes.writing(session_path):
             _write_session_config(rep, output, session_path, written)
     if args.report:
@@ -357,13 +373,30 @@ def cmd_optimize(args) -> int:
             print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
                   f"(--force writes it anyway)", file=sys.stderr)
         return EXIT_CHECK
-    print(f"wrote {output}{_session_config_written(rep)}", file=sys.stderr)
+    print(f"wrote {output}{_session_config_written(rep)}"
+          + (f" and the float32 sibling {sibling_path}" if sibling is not None else ""), file=sys.stderr)
     return EXIT_OK
 
 
 def _add_session_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-session-config", dest="session_config", action="store_false", default=True,
                    help="do not write OUT.session.json (the recommended ONNX Runtime session for the target)")
+    p.add_argument("--fp32-sibling", action="store_true",
+                   help="with --fp16: also write OUT.fp32.onnx (the same passes in float32), which the session "
+                        "configuration names for adapters without float16 (WebGPU's shader-f16)")
+
+
+def _sibling_path(args, output: str, protected: dict[str, str]) -> str | None:
+    """Where --fp32-sibling writes the float32 model (None without it); checked before the work."""
+    if not args.fp32_sibling:
+        return None
+    if not getattr(args, "opt_fp16", None):
+        raise UsageError("--fp32-sibling is the float32 twin of a --fp16 model: add --fp16")
+    root, ext = os.path.splitext(output)
+    path = (root if ext.lower() == ".onnx" else output) + ".fp32.onnx"
+    check_destination(path, protected)
+    check_destination(path + ".data", protected)
+    return path
 
 
 def _session_config_target(args, output: str, protected: dict[str, str]) -> str | None:

@@ -251,7 +251,7 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
         readiness = webgpu_placement.readiness(work, measured)
         rep.graph_capture = {**readiness.to_dict(), "placement": measured}
     ep_tuning = None
-    if tune and target in ("dml", "cuda") and runtime.has_target(target):
+    if tune and target in ("dml", "cuda", "webgpu") and runtime.has_target(target):
         if progress:
             progress(f"time provider options on {target}")
         ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,

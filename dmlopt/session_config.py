@@ -38,7 +38,8 @@ PROVIDERS = {"dml": "DmlExecutionProvider", "cuda": "CUDAExecutionProvider", "cp
              "webgpu": "WebGpuExecutionProvider"}
 SUFFIX = ".session.json"
 # Provider options taken from a measurement (bench.TUNE_GRID varies them), never set on a guess.
-MEASURED_OPTIONS = ("disable_metacommands", "performance_preference", "cudnn_conv_algo_search", "prefer_nhwc")
+MEASURED_OPTIONS = ("disable_metacommands", "performance_preference", "cudnn_conv_algo_search", "prefer_nhwc",
+                    "preferredLayout")
 
 
 def config_path(output: str | os.PathLike) -> str:
@@ -96,7 +97,7 @@ def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None 
         if "prefer_nhwc" not in measured:
             cfg["not_set"]["provider_options.prefer_nhwc"] = "not measured faster on this model (--tune measures it)"
     if target == "webgpu":  # its options and graph capture: dmlopt.targets.webgpu.session
-        webgpu_session.recommend(cfg, put, readiness, precision)
+        webgpu_session.recommend(cfg, put, readiness, precision, measured=set(measured))
     _graph_capture(cfg, put, target, readiness)
     for name in _dynamic_dims(model):
         value = int((dims or {}).get(name, 1))

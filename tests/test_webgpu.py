@@ -180,3 +180,38 @@ def test_tuning_on_a_software_adapter_is_refused(cli, tmp_path):
     r = cli("optimize", DATA / "cnn_leaky.onnx", "-o", tmp_path / "x.onnx", "--target", "webgpu", "--tune")
     assert r.code == 2 and "software" in r.err
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("name, added", [("cnn_leaky.onnx", 2), ("sam_small.onnx", 0)])
+def test_nhwc_layout_adds_transposes_only_at_the_edges(name, added, tmp_path):
+    """Why dmlopt writes no layout rewrite for WebGPU: ORT's NHWC layout transformer (the EP's default)
+    adds Transposes only where the layouts meet: the CNN's input and output, none in SAM (its patch-embed
+    Conv output meets the graph's own permute).  Counted in ORT's optimized graph for the EP."""
+    rt = runtime.ort()
+    device, _ = runtime.webgpu_host.ep_device(rt)
+    so = rt.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    so.add_provider_for_devices([device], {"preferredLayout": "NHWC"})
+    rt.InferenceSession(str(DATA / name), so)
+    after = op_counts(ir.load(str(tmp_path / "ort.onnx"))).get("Transpose", 0)
+    before = op_counts(bundled(name)).get("Transpose", 0)
+    assert after <= before + added
+    assert any(n.domain == "com.ms.internal.nhwc" for n in ir.load(str(tmp_path / "ort.onnx")).graph)
+
+
+def test_fp16_for_webgpu_names_its_shader_f16_need_and_its_fp32_sibling(cli, tmp_path):
+    out = tmp_path / "sam16.onnx"
+    r = cli("optimize", DATA / "sam_small.onnx", "-o", out, "--target", "webgpu", "--fp16", "--fp32-sibling", "-q")
+    assert r.code == 0, r.err
+    sibling = tmp_path / "sam16.fp32.onnx"
+    assert "float32 sibling" in r.err and sibling.exists()
+    cfg = json.loads((tmp_path / "sam16.session.json").read_text())
+    assert cfg["requires_shader_f16"] is True and cfg["fp32_model"] == "sam16.fp32.onnx"
+    assert any(v.dtype == ir.DataType.FLOAT16 for v in ir.load(str(out)).graph.initializers.values())
+    assert all(v.dtype != ir.DataType.FLOAT16 for v in ir.load(str(sibling)).graph.initializers.values())
+    v = dmlopt.validate(str(DATA / "sam_small.onnx"), str(sibling), ep="webgpu")
+    assert v.passed, v.to_table()
+    scope: dict = {}
+    exec(compile(session_config.snippet(tmp_path / "sam16.session.json", "webgpu"), "snippet", "exec"), scope)  # noqa: S102
+    assert scope["session"].get_providers()[0] == "WebGpuExecutionProvider"
+

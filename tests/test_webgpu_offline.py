@@ -84,3 +84,17 @@ def test_cli_takes_webgpu(cli, tmp_path):
     assert r.code == 0 and out.exists(), r.err
     report = cli("inspect", out, "--ep", "webgpu", "--json")
     assert report.code == 0 and '"graph_capture"' in report.out
+
+
+def test_fp32_sibling_needs_fp16(cli, tmp_path):
+    r = cli("optimize", DATA / "sam_small.onnx", "-o", tmp_path / "o.onnx", "--target", "webgpu", "--fp32-sibling")
+    assert r.code == 2 and "--fp16" in r.err and not (tmp_path / "o.onnx").exists()
+
+
+def test_fp32_sibling_is_written_beside_a_float16_model(cli, tmp_path):
+    out = tmp_path / "cnn16.onnx"
+    r = cli("optimize", DATA / "cnn_leaky.onnx", "-o", out, "--target", "cpu", "--fp16", "--fp32-sibling", "-q")
+    assert r.code == 0, r.err
+    sibling = ir.load(str(tmp_path / "cnn16.fp32.onnx"))
+    assert all(v.dtype == ir.DataType.FLOAT for v in sibling.graph.initializers.values())
+    assert dmlopt.validate(str(DATA / "cnn_leaky.onnx"), sibling).passed

@@ -16,13 +16,21 @@ from dmlopt.targets.webgpu import registry
 Put = Callable[[str, str, Any, str], None]
 
 
-def recommend(cfg: dict[str, Any], put: Put, readiness: Readiness | None, precision: str) -> None:
-    """Fill the WebGPU part of a session configuration `cfg` (session_config.recommend)."""
+def recommend(cfg: dict[str, Any], put: Put, readiness: Readiness | None, precision: str,
+              measured: set[str] = frozenset()) -> None:
+    """Fill the WebGPU part of a session configuration `cfg` (session_config.recommend); options in
+    `measured` were set from a measurement on a GPU (optimize --tune) and are left as they are."""
     not_set = cfg["not_set"]
-    put("provider_options", "preferredLayout", registry.DEFAULT_LAYOUT,
-        "the native EP's default (webgpu_provider_factory.cc): ORT's layout transformer moves Conv, pools, "
-        "norms and DepthToSpace to NHWC; named so a build whose default differs (the JS API says NCHW) runs "
-        "the layout dmlopt validated")
+    if "preferredLayout" not in measured:
+        # Measured on lavapipe (ORT 1.32, plug-in 0.4.0; placement only): NHWC adds 2 Transposes to the
+        # 7-Conv CNN (at the graph's input and output) and none to SAM small, whose patch-embed Conv
+        # output meets the graph's own NHWC permute; NCHW runs FusedConv instead.  Which is faster is a
+        # GPU's question: optimize --tune / bench --tune-ep time both there.
+        put("provider_options", "preferredLayout", registry.DEFAULT_LAYOUT,
+            "the native EP's default (webgpu_provider_factory.cc): ORT's layout transformer moves Conv, pools, "
+            "norms and DepthToSpace to NHWC, with Transposes only where the layouts meet; named so a build "
+            "whose default differs (the JS API says NCHW) runs the layout dmlopt validated; optimize --tune on "
+            "a GPU times NCHW against it")
     put("provider_options", "validationMode", "disabled",
         "production: Dawn's API validation costs CPU time per dispatch; use 'basic' or 'full' when debugging")
     put("provider_options", "powerPreference", "high-performance",
