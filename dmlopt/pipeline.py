@@ -36,7 +36,7 @@ from dmlopt.validate import validate as run_validation
 ENGINE_KEYWORDS = frozenset({
     "model", "shapes", "dims", "passes", "target", "ort_version", "validate", "tune", "inputs", "atol", "rtol",
     "progress", "retime", "options", "output", "shape", "dim", "report", "no_validate", "no_time", "force",
-    "no_session_config", "json", "quiet", "version", "overwrite_input_shape"})
+    "no_session_config", "json", "quiet", "version", "overwrite_input_shape", "fp32_sibling"})
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import sys
 from typing import Any, Iterator, Mapping
 
@@ -308,10 +309,41 @@ def _shared_session(rt, model, so, providers, cache, *, external: bool):
     return sess
 
 
+# Dawn prints these to stderr when it makes a device on lavapipe (whose limits it clamps): nothing the
+# user can act on, so they are dropped; every other line written meanwhile is passed on.
+DAWN_NOISE = re.compile(r"^Warning: max\w+ artificially reduced from \d+ to \d+")
+
+
+@contextlib.contextmanager
+def _without_dawn_noise() -> Iterator[None]:
+    """Hold what is written to file descriptor 2 (Dawn writes there, not to sys.stderr) and pass on
+    all of it but DAWN_NOISE lines; with DMLOPT_DEBUG set, nothing is held."""
+    if os.environ.get("DMLOPT_DEBUG"):
+        yield
+        return
+    sys.stderr.flush()
+    with scratch.folder("dmlopt-dawn-") as tmp:
+        path = tmp / "stderr.txt"
+        with open(path, "w+b") as held:
+            saved = os.dup(2)
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                held.seek(0)
+                kept = [line for line in held.read().decode("utf-8", "replace").splitlines(keepends=True)
+                        if not DAWN_NOISE.match(line)]
+                if kept:
+                    os.write(2, "".join(kept).encode("utf-8"))
+
+
 def _create(rt, src, so, providers):
     try:
-        if providers is None:  # chosen in `so` (add_provider_for_devices)
-            return rt.InferenceSession(src, sess_options=so)
+        if providers is None:  # chosen in `so` (add_provider_for_devices): the WebGPU plug-in
+            with _without_dawn_noise():
+                return rt.InferenceSession(src, sess_options=so)
         return rt.InferenceSession(src, sess_options=so, providers=providers)
     except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
         raise InputError(f"ONNX Runtime cannot load the model: {_first_line(e)}") from e
