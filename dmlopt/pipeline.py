@@ -219,8 +219,11 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
                                             inputs=inputs, atol=atol, rtol=rtol)
             rep.validation = {**rep.validation, "cpu_passed": rep.validation["passed"], "webgpu": found,
                               "passed": found["passed"]}
-            if not found["passed"]:
-                return out  # the CPU EP agrees: bisecting there would name no pass
+            if not found["passed"]:  # the CPU EP agrees: the pass that broke it is found on the EP
+                rep.broken_by = _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep=True)
+                return out
+        elif resolved.ep == "webgpu":
+            rep.validation = {**rep.validation, "webgpu": {"skipped": runtime.webgpu_missing()}}
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
@@ -337,8 +340,9 @@ def _repair_fp16(original, work, start, at, run, only, rep, check, progress) -> 
     return found.trial.model
 
 
-def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol) -> str | None:
-    """Replay the passes one by one, validating after each: the first failure is the culprit."""
+def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep: bool = False) -> str | None:
+    """Replay the passes one by one, validating after each: the first failure is the culprit.
+    `on_ep`: validated on the WebGPU EP (dmlopt.targets.webgpu.validation), where the CPU EP saw none."""
     work = original.clone()
     for cls in pass_classes:
         p = cls(context)
@@ -346,8 +350,12 @@ def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol) -> st
             continue
         work = p(work).model
         try:
-            if not run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
-                                  atol=atol, rtol=rtol).passed:
+            if on_ep:
+                if not webgpu_validation.on_ep(original, work, shapes=context.shapes, dims=context.dims,
+                                               inputs=inputs, atol=atol, rtol=rtol)["passed"]:
+                    return p.name
+            elif not run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
+                                    atol=atol, rtol=rtol).passed:
                 return p.name
         except DmlOptError:
             return p.name

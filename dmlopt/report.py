@@ -194,7 +194,9 @@ def _validation_table(v: dict[str, Any]) -> str:
     text = "validation (ORT CPU EP, " + ("passed" if v.get("cpu_passed", v["passed"]) else "FAILED") + "):\n"
     text += format_table(rows)
     on_ep = v.get("webgpu")
-    if on_ep is not None:  # dmlopt.targets.webgpu.validation: the optimized model on the WebGPU EP
+    if on_ep is not None and "skipped" in on_ep:
+        text += f"\nvalidation on the WebGPU EP: not run ({on_ep['skipped']}): validate on the target machine"
+    elif on_ep is not None:  # dmlopt.targets.webgpu.validation: the optimized model on the WebGPU EP
         worst = max((o["max_abs"] for o in on_ep["optimized"]["outputs"]), default=0.0)
         text += (f"\nvalidation on the WebGPU EP ({on_ep['adapter']}): {'passed' if on_ep['passed'] else 'FAILED'}: "
                  f"{on_ep['verdict']} (max abs {worst:.3g})")

@@ -531,6 +531,9 @@ class AttentionPass(DmlPass):
             self.note(f"DirectML registers MultiHeadAttention from ORT 1.15; target is {target.ort_version}: "
                       "attention kept")
             return True
+        if target.ep == "webgpu" and self.context.engine.kernel_check is None:
+            self.note("sites not probed on a WebGPU adapter (none here, or --no-validate): some adapters compute "
+                      "MultiHeadAttention wrongly from 32 tokens on; validate on the target (dmlopt validate --ep webgpu)")
         return False
 
     def rewrite(self, model: ir.Model) -> bool:

@@ -215,3 +215,17 @@ def test_fp16_for_webgpu_names_its_shader_f16_need_and_its_fp32_sibling(cli, tmp
     exec(compile(session_config.snippet(tmp_path / "sam16.session.json", "webgpu"), "snippet", "exec"), scope)  # noqa: S102
     assert scope["session"].get_providers()[0] == "WebGpuExecutionProvider"
 
+
+
+def test_a_kernel_the_ep_gets_wrong_is_caught_by_validation_on_the_ep(monkeypatch):
+    """The safety net behind the per-site probe: with the probe switched off, SAM's 64-token block is fused,
+    the CPU EP finds nothing, and validation on the WebGPU EP fails and names the pass (where the adapter's
+    MultiHeadAttention is wrong at 64 tokens, as lavapipe's is)."""
+    if kernels.probe_mha(1, 3, 64, 64, 8, 8, bias=True) <= kernels.TOLERANCE["float32"]:
+        pytest.skip("this adapter computes MultiHeadAttention right at 64 tokens: nothing to catch")
+    monkeypatch.setattr(kernels, "check", lambda op_type, site: None)
+    result = dmlopt.optimize(str(DATA / "sam_small.onnx"), target="webgpu", retime=False)
+    rep = result.report.to_dict()
+    assert rep["validation"]["cpu_passed"] and not rep["validation"]["webgpu"]["passed"]
+    assert not result.passed and rep["broken_by"] == "attention"
+    assert "computes differently on the WebGPU EP" in rep["validation"]["webgpu"]["verdict"]

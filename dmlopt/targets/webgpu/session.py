@@ -39,7 +39,8 @@ def recommend(cfg: dict[str, Any], put: Put, readiness: Readiness | None, precis
         "ORT's default for storage buffers: buffers are reused by size bucket across runs")
     if readiness is not None and readiness.ready:
         put("provider_options", "enableGraphCapture", "1",
-            f"{readiness.line()}; run with IO binding on the device (the first run captures, later runs replay)")
+            f"{readiness.line()} ({readiness.basis}); run with IO binding on the device (the first run captures, "
+            "later runs replay)")
     else:
         not_set["provider_options.enableGraphCapture"] = (readiness.line() if readiness is not None
                                                           else "graph-capture readiness was not checked")
