@@ -196,14 +196,16 @@ def test_only_for_directml_and_webgpu():
     assert OpVersionsPass(PassContext(target="webgpu")).enabled()
 
 
-def test_webgpu_pins_grid_sample_to_16_and_leaves_group_norm():
-    """WebGPU registers GridSample for opsets 16-19 only (dmlopt.targets.webgpu.registry; tests/test_webgpu.py
-    measures it on the EP); its GroupNormalization is not this pass's business there."""
+@pytest.mark.parametrize("opset", [18, 21])
+def test_webgpu_pins_grid_sample_to_16_and_writes_group_norm_as_instance_norm(opset):
+    """WebGPU registers GridSample for opsets 16-19 only and no GroupNormalization
+    (dmlopt.targets.webgpu.registry; tests/test_webgpu.py measures both on the EP)."""
     original, result, p = rewrite(grid_sample_model(20), target="webgpu", ort_version=None)
     assert result.model.opset_imports[""] == 19 and p.sites[0].action == "rewrote"
     assert dmlopt.validate(original, result.model).passed
-    _, result, p = rewrite(group_norm_model(21), target="webgpu", ort_version=None)
-    assert not result.modified and not p.sites
+    original, result, p = rewrite(group_norm_model(opset), target="webgpu", ort_version=None)
+    assert op_counts(result.model)["InstanceNormalization"] == 1 and p.sites[0].action == "rewrote"
+    assert dmlopt.validate(original, result.model).passed
 
 
 def test_through_optimize():

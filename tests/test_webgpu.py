@@ -229,3 +229,19 @@ def test_a_kernel_the_ep_gets_wrong_is_caught_by_validation_on_the_ep(monkeypatc
     assert rep["validation"]["cpu_passed"] and not rep["validation"]["webgpu"]["passed"]
     assert not result.passed and rep["broken_by"] == "attention"
     assert "computes differently on the WebGPU EP" in rep["validation"]["webgpu"]["verdict"]
+
+
+@pytest.mark.parametrize("opset", [21])  # (optimize refuses GroupNormalization-18: the checker calls it deprecated)
+def test_group_norm_runs_wholly_on_webgpu_as_instance_norm(opset):
+    """GroupNormalization has no WebGPU kernel: ORT inlines it with shape nodes on the CPU; dmlopt's
+    InstanceNormalization form runs wholly on the EP and computes the same there."""
+    from passes.op_versions_test import group_norm_model
+
+    original = dmlopt.load(group_norm_model(opset, (1, 8, 16, 16), 4))
+    before = placement.measure(original)
+    assert ("", "GroupNormalization") in registry.NO_KERNEL
+    assert before["nodes_by_provider"].get("CPUExecutionProvider", 0) > 0, before
+    result = dmlopt.optimize(original, target="webgpu", passes=["op-versions"], retime=False)
+    after = placement.measure(result.model)
+    assert "CPUExecutionProvider" not in after["nodes_by_provider"] and not after["copies"]
+    assert result.report.to_dict()["validation"]["webgpu"]["passed"]
