@@ -34,9 +34,13 @@ def recommend(cfg: dict[str, Any], put: Put, readiness: Readiness | None, precis
     put("provider_options", "validationMode", "disabled",
         "production: Dawn's API validation costs CPU time per dispatch; use 'basic' or 'full' when debugging")
     put("provider_options", "powerPreference", "high-performance",
-        "Dawn takes the discrete GPU on a machine with two (a laptop's integrated GPU otherwise)")
+        "the device: Dawn takes the discrete GPU on a machine with two (ORT's default, named so a build or host "
+        "that defaults otherwise does not run on a laptop's integrated GPU)")
     put("provider_options", "storageBufferCacheMode", "bucket",
-        "ORT's default for storage buffers: buffers are reused by size bucket across runs")
+        "ORT's default (webgpu_provider_factory.cc): storage buffers reused by size bucket across runs, what "
+        "dmlopt validated; with enableGraphCapture ORT keeps its own graph-mode buffers for the captured run")
+    put("provider_options", "uniformBufferCacheMode", "simple",
+        "ORT's default for uniform buffers (small per-dispatch parameters), named with the storage mode")
     if readiness is not None and readiness.ready:
         put("provider_options", "enableGraphCapture", "1",
             f"{readiness.line()} ({readiness.basis}); run with IO binding on the device (the first run captures, "
