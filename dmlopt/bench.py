@@ -599,4 +599,5 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
             "after_ms": a["latency_ms"]["median"], "speedup": 1.0 / a["ratio_median"],
             "ratio_median": a["ratio_median"], "runs": runs, "before": b["latency_ms"], "after": a["latency_ms"],
             "load_s_before": b["load_s"], "load_s_after": a["load_s"],
-            "copies_before": b["copies"], "copies_after": a["copies"], "io_binding": a["io_binding"]}
+            "copies_before": b["copies"], "copies_after": a["copies"], "io_binding": a["io_binding"],
+            **device_note(target)}

@@ -147,7 +147,7 @@ class Report:
         if self.timing:
             t = self.timing
             parts.append(f"latency on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms "
-                         f"(x{t['speedup']:.2f})")
+                         f"(x{t['speedup']:.2f})" + (f"\n{t['device_note']}" if t.get("device_note") else ""))
         parts.extend(_session_text(self.graph_capture, self.session_config))
         return "\n\n".join(parts)
 
