@@ -108,6 +108,9 @@ def main(argv=None) -> int:
     ort = runtime.ort()
     print(f"WebGPU EP: onnxruntime {ort.__version__}, plug-in {runtime.webgpu_host.plugin_version()}, adapter "
           f"{chosen.line() if chosen else 'unknown (' + why + ')'}")
+    offered = runtime.webgpu_host.offered_how(ort)
+    if offered:
+        print(offered)
     refusal = runtime.timing_refusal("webgpu")
     if refusal:
         print(f"SOFTWARE ADAPTER: {refusal}. The times below are CPU emulation, printed for completeness only.")

@@ -444,6 +444,9 @@ def device_note(target: str) -> dict[str, str]:
     refusal = runtime.timing_refusal(target)
     chosen, why = runtime.webgpu_adapter.chosen()
     note = {"adapter": chosen.line() if chosen is not None else f"unknown ({why})"}
+    offered = runtime.webgpu_host.offered_how(runtime.ort())
+    if offered is not None:
+        note["offered"] = offered
     if refusal is not None:
         note["device_note"] = "SOFTWARE ADAPTER: " + refusal
     return note

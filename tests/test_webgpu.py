@@ -245,3 +245,15 @@ def test_group_norm_runs_wholly_on_webgpu_as_instance_norm(opset):
     after = placement.measure(result.model)
     assert "CPUExecutionProvider" not in after["nodes_by_provider"] and not after["copies"]
     assert result.report.to_dict()["validation"]["webgpu"]["passed"]
+
+
+def test_bench_names_the_adapter_and_how_the_ep_got_its_device(cli):
+    r = cli("bench", DATA / "cnn_leaky.onnx", "--ep", "webgpu", "--runs", "1", "--warmup", "0", "--json", "-q")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    chosen, _ = adapter.chosen()
+    assert out["provider"] == "WebGpuExecutionProvider" and out["adapter"] == chosen.line()
+    assert ("device_note" in out) is chosen.software
+    if "offered" in out:  # no DRM GPU: the plug-in's own switch offered the device
+        assert "ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER" in out["offered"]
+    assert out["io_binding"].endswith("outputs on cpu")  # a run includes the GPU's work

@@ -43,7 +43,8 @@ def _load(ort_module: Any) -> tuple[Any | None, str]:
         os.environ[SOFTWARE_SWITCH] = "1"  # read by the plug-in when it is registered
         _SWITCH["by"] = "dmlopt"
     if not os.environ.get("DMLOPT_DEBUG"):
-        # The plug-in warns (ORT's default logger, stderr) that the switch is on: dmlopt reports it instead.
+        # The plug-in warns (ORT's default logger, stderr) that the switch is on: dmlopt says it instead
+        # where a time is reported (`offered_how`).
         ort_module.set_default_logger_severity(3)
     try:
         ort_module.register_execution_provider_library(REGISTRATION, plugin.get_library_path())
@@ -67,6 +68,10 @@ def plugin_version() -> str | None:
         return None
 
 
-def software_switch() -> str:
-    """Who set the software-adapter switch: 'user', 'dmlopt' or 'unset' (before registration)."""
-    return _SWITCH["by"]
+def offered_how(ort_module: Any) -> str | None:
+    """How the EP got its device when ORT listed no GPU (None: ORT listed one): through the switch."""
+    device, _ = _load(ort_module)
+    if device is None or "GPU" in str(device.device.type):
+        return None
+    return (f"ORT lists no GPU device here; the plug-in offered the EP through {SOFTWARE_SWITCH}=1 "
+            f"(set by {_SWITCH['by']}) and Dawn chose the adapter")
