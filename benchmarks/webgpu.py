@@ -74,8 +74,9 @@ def report(title: str, models: dict, args) -> None:
     reference = next(iter(run_model(models[EXPORT], feeds).values()))
     result = bench.compare(models, "webgpu", runs=args.runs, warmup=args.warmup, baseline=EXPORT,
                            feeds=feeds)
-    rows = [("model", "median ms", "x export", "nodes on WebGPU", "on CPU", "copies", "rel L2 vs CPU EP",
-             "rel L2 vs export")]
+    software = runtime.timing_refusal("webgpu") is not None
+    rows = [("model", "median ms" + (" (software)" if software else ""), "x export" + (" (software)" if software else ""),
+             "nodes on WebGPU", "on CPU", "copies", "rel L2 vs CPU EP", "rel L2 vs export")]
     for name, model in models.items():
         m = result["models"][name]
         measured = placement.measure(model)
