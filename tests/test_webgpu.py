@@ -257,3 +257,10 @@ def test_bench_names_the_adapter_and_how_the_ep_got_its_device(cli):
     if "offered" in out:  # no DRM GPU: the plug-in's own switch offered the device
         assert "ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER" in out["offered"]
     assert out["io_binding"].endswith("outputs on cpu")  # a run includes the GPU's work
+
+
+def test_html_report_shows_validation_on_the_ep(small_sam):
+    from dmlopt import html_report
+
+    page = html_report.render(small_sam.report)
+    assert "On the WebGPU EP (" in page and adapter.chosen()[0].name in page
