@@ -18,9 +18,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import dmlopt
-from dmlopt import runtime, session_config
+from dmlopt import html_report, runtime, session_config
 from dmlopt.pipeline import op_counts
 from dmlopt.targets.webgpu import adapter, kernels, placement, registry
+from passes.op_versions_test import group_norm_model
 
 MISSING = runtime.webgpu_missing()
 pytestmark = [pytest.mark.webgpu,
@@ -235,8 +236,6 @@ def test_a_kernel_the_ep_gets_wrong_is_caught_by_validation_on_the_ep(monkeypatc
 def test_group_norm_runs_wholly_on_webgpu_as_instance_norm(opset):
     """GroupNormalization has no WebGPU kernel: ORT inlines it with shape nodes on the CPU; dmlopt's
     InstanceNormalization form runs wholly on the EP and computes the same there."""
-    from passes.op_versions_test import group_norm_model
-
     original = dmlopt.load(group_norm_model(opset, (1, 8, 16, 16), 4))
     before = placement.measure(original)
     assert ("", "GroupNormalization") in registry.NO_KERNEL
@@ -260,7 +259,5 @@ def test_bench_names_the_adapter_and_how_the_ep_got_its_device(cli):
 
 
 def test_html_report_shows_validation_on_the_ep(small_sam):
-    from dmlopt import html_report
-
     page = html_report.render(small_sam.report)
     assert "On the WebGPU EP (" in page and adapter.chosen()[0].name in page
