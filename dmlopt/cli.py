@@ -22,8 +22,9 @@ from typing import Iterator, Sequence
 from dmlopt import bench, demo, runtime, scratch, session_config
 
 from dmlopt.targets.dml import calibrate, emulate
+from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt import report as report_mod
-from dmlopt.errors import DmlOptError, InputError, UsageError, printable
+from dmlopt.errors import CheckFailed, DmlOptError, InputError, UsageError, printable
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.inspection import inspect, to_table
 from dmlopt.jsontext import json_text
@@ -192,7 +193,7 @@ def build_parser() -> Parser:
     p.add_argument("-o", "--output", help="output .onnx (never the input)")
     _add_shape_args(p)
     p.add_argument("--passes", help="comma-separated pass names (default: every pass that applies); see `dmlopt passes`")
-    p.add_argument("--target", default="dml", choices=["dml", "cuda", "cpu"], help="deployment provider (default dml)")
+    p.add_argument("--target", default="dml", choices=["dml", "cuda", "cpu", "webgpu"], help="deployment provider (default dml)")
     p.add_argument("--ort-version", help="ONNX Runtime version deployed on the target, e.g. 1.14 (default: newest)")
     p.add_argument("--report", metavar="PATH", help="write the report: JSON if PATH ends in .json, HTML if .html")
     p.add_argument("--no-validate", action="store_true", help="run no model: no numerics check, auto options at their "
@@ -222,7 +223,8 @@ def build_parser() -> Parser:
     p = sub.add_parser("inspect", help="inputs, outputs, op histogram and what the passes would look at")
     p.add_argument("model")
     p.add_argument("--json", action="store_true", help="print a JSON object")
-    p.add_argument("--ep", choices=["dml"], help="predict placement on this provider (dml)")
+    p.add_argument("--ep", choices=["dml", "webgpu"],
+                   help="placement on this provider: dml predicted from its table, webgpu measured on the EP")
     p.add_argument("--ort-version", help="ONNX Runtime version for the placement model (default: newest)")
 
     p = sub.add_parser("validate", help="compare two models' outputs on ORT's CPU EP",
@@ -235,6 +237,8 @@ def build_parser() -> Parser:
     p.add_argument("--atol", type=float)
     p.add_argument("--rtol", type=float)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ep", default="cpu", choices=["cpu", "cuda", "dml", "webgpu"],
+                   help="run CAND on this provider (REF stays on the CPU EP, the reference; default cpu)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="time a model on a provider (session creation, latency, copies)",
@@ -242,8 +246,8 @@ def build_parser() -> Parser:
                                    "then time N runs with fixed inputs (IO binding on GPU providers). Asking for a "
                                    "provider that is not here is an error, never a silent CPU run.")
     p.add_argument("model")
-    p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu"],
-                   help="provider (default auto: DirectML, else CUDA, else CPU)")
+    p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu", "webgpu"],
+                   help="provider (default auto: DirectML, else CUDA, else CPU; webgpu only when named)")
     p.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed, profiled runs first (default 3)")
     _add_shape_args(p)
@@ -326,18 +330,34 @@ def cmd_optimize(args) -> int:
         _check_report_path(args.report, written)
     report_path = {args.report: "the report"} if args.report else {}
     session_path = _session_config_target(args, output, {**written, **report_path})
+    sibling_path = _sibling_path(args, output, {**written, **report_path,
+                                                **({session_path: "the session configuration"} if session_path else {})})
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
-    result = optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
-                             ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
-                             inputs=args.inputs, atol=args.atol, rtol=args.rtol, progress=_progress(args),
-                             retime=args.retime, **options)
+    common = dict(shapes=shapes, dims=dims, passes=args.passes, target=args.target, ort_version=args.ort_version,
+                  validate=not args.no_validate, inputs=args.inputs, atol=args.atol, rtol=args.rtol,
+                  progress=_progress(args))
+    result = optimize(args.model, tune=args.tune, retime=args.retime, **common, **options)
     rep = result.report
     ok = result.passed
+    sibling = None
+    if sibling_path and (ok or args.force):  # the float32 twin: the main run's choices, no fp16
+        chosen = {c["option"]: c["choice"] for c in rep.choices}
+        sibling = optimize(args.model, retime=False, **common, **{**chosen, **options, "fp16": False})
+        if not sibling.passed and not args.force:
+            raise CheckFailed(f"the float32 sibling ({printable(sibling_path)}) does not match the original; "
+                              "nothing was written")
     if ok or args.force:
         with args.writes.writing(output, output + ".data"):
             save(result.model, output, protect=tuple(protected))
         rep.written = os.fspath(output)
         rep.forced = not ok
+        if sibling is not None:
+            with args.writes.writing(sibling_path, sibling_path + ".data"):
+                save(sibling.model, sibling_path, protect=tuple(protected))
+            if rep.session_config:
+                rep.session_config["config"]["fp32_model"] = os.path.basename(sibling_path)
+                rep.session_config["config"]["reasons"]["fp32_model"] = (
+                    "the same passes in float32 (--fp32-sibling), for an adapter the float16 model cannot run on")
         with args.writes.writing(session_path):
             _write_session_config(rep, output, session_path, written)
     if args.report:
@@ -353,13 +373,30 @@ def cmd_optimize(args) -> int:
             print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
                   f"(--force writes it anyway)", file=sys.stderr)
         return EXIT_CHECK
-    print(f"wrote {output}{_session_config_written(rep)}", file=sys.stderr)
+    print(f"wrote {output}{_session_config_written(rep)}"
+          + (f" and the float32 sibling {sibling_path}" if sibling is not None else ""), file=sys.stderr)
     return EXIT_OK
 
 
 def _add_session_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-session-config", dest="session_config", action="store_false", default=True,
                    help="do not write OUT.session.json (the recommended ONNX Runtime session for the target)")
+    p.add_argument("--fp32-sibling", action="store_true",
+                   help="with --fp16: also write OUT.fp32.onnx (the same passes in float32), which the session "
+                        "configuration names for adapters without float16 (WebGPU's shader-f16)")
+
+
+def _sibling_path(args, output: str, protected: dict[str, str]) -> str | None:
+    """Where --fp32-sibling writes the float32 model (None without it); checked before the work."""
+    if not args.fp32_sibling:
+        return None
+    if not getattr(args, "opt_fp16", None):
+        raise UsageError("--fp32-sibling is the float32 twin of a --fp16 model: add --fp16")
+    root, ext = os.path.splitext(output)
+    path = (root if ext.lower() == ".onnx" else output) + ".fp32.onnx"
+    check_destination(path, protected)
+    check_destination(path + ".data", protected)
+    return path
 
 
 def _session_config_target(args, output: str, protected: dict[str, str]) -> str | None:
@@ -378,7 +415,8 @@ def _write_session_config(rep, output: str, path: str | None, protected: dict[st
         return
     session_config.write(rep.session_config["config"], path, output, protected=protected)
     rep.session_config["config"]["model"] = os.path.basename(output)
-    rep.session_config.update(path=path, snippet=session_config.snippet(path))
+    target = rep.session_config["config"]["target"]
+    rep.session_config.update(path=path, snippet=session_config.snippet(path, target))
 
 
 def _session_config_written(rep) -> str:
@@ -396,6 +434,8 @@ def _add_calibrate_parser(sub) -> None:
     p.add_argument("--ort-version", default="auto",
                    help="placement table to compare with (default auto: the onnxruntime installed here)")
     p.add_argument("-o", "--output", metavar="CALIB.json", help="write the full comparison as JSON")
+    p.add_argument("--ep", default="dml", choices=["dml", "webgpu"],
+                   help="the EP to calibrate against (default dml; webgpu: dmlopt's WebGPU table vs the plug-in EP)")
     _add_shape_args(p)
     p.add_argument("--json", action="store_true", help="print the JSON instead of a table")
 
@@ -409,12 +449,18 @@ def cmd_calibrate(args) -> int:
     shapes, dims = _shapes(args)
     model = load(args.model)
     check_input(model)
-    result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims)
+    if args.ep == "webgpu":
+        runtime.resolve_ep("webgpu")  # calibration needs the EP: exit 2 with the reason
+        result = webgpu_placement.calibrate(model, dims=dims)
+        table = webgpu_placement.calibration_table(result)
+    else:
+        result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims)
+        table = None
     result["model"] = os.path.basename(args.model)
     if args.output:
         with args.writes.writing(args.output):
             calibrate.write(result, args.output, protected)
-    print(json_text(result) if args.json else calibrate.to_table(result))
+    print(json_text(result) if args.json else table or calibrate.to_table(result))
     return EXIT_OK
 
 
@@ -438,7 +484,7 @@ def cmd_validate(args) -> int:
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
     check_input(cand, args.cand)
     v = validate(ref, cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
-                 rtol=args.rtol, seed=args.seed)
+                 rtol=args.rtol, seed=args.seed, ep=runtime.resolve_ep(args.ep))
     # the table with output names escaped (a name must not forge a line); the JSON keeps them
     shown = dataclasses.replace(v, outputs=[dataclasses.replace(o, name=printable(o.name)) for o in v.outputs])
     print(json_text(v.to_dict()) if args.json else shown.to_table())

@@ -43,7 +43,7 @@ from dmlopt.errors import UsageError
 
 __all__ = ["Readiness", "graph_capture_readiness", "DML_CAPTURE_SINCE"]
 
-PROVIDER_NAMES = {"dml": "DirectML", "cuda": "CUDA"}
+PROVIDER_NAMES = {"dml": "DirectML", "cuda": "CUDA", "webgpu": "WebGPU"}
 # ep.dml.enable_graph_capture is in the ORT sources from the 1.18 era on (dmlopt's reading of the
 # source history; not verified against each release).  Older runtimes ignore the key.
 DML_CAPTURE_SINCE = (1, 18)

@@ -350,7 +350,21 @@ def _validation_section(r: dict[str, Any]) -> str:
     return (f'<section><h2>Validation</h2><p class="note">Original vs optimized on the ORT CPU EP, inputs '
             f'{esc(inputs)}{esc(seed)}.</p>{broken}'
             + _table(("output", "dtype", "shape", "max abs", "max rel", "cosine", "tolerance", "result"), rows,
-                     table_id="validation", numeric_cols={3, 4, 5}) + _fp16_repair_part(r) + "</section>")
+                     table_id="validation", numeric_cols={3, 4, 5}) + _webgpu_part(v) + _fp16_repair_part(r)
+            + "</section>")
+
+
+def _webgpu_part(v: dict[str, Any]) -> str:
+    """Validation on the WebGPU EP (dmlopt.targets.webgpu.validation), when the target is WebGPU."""
+    on_ep = v.get("webgpu")
+    if on_ep is None:
+        return ""
+    if "skipped" in on_ep:
+        return f'<p class="note">On the WebGPU EP: not run ({esc(on_ep["skipped"])}).</p>'
+    worst = max((o["max_abs"] for o in on_ep["optimized"]["outputs"]), default=0.0)
+    verdict = "passed" if on_ep["passed"] else "<b>FAILED</b>"
+    return (f'<p class="note">On the WebGPU EP ({esc(on_ep["adapter"])}): {verdict}: {esc(on_ep["verdict"])} '
+            f'(max abs {_sci(worst)}).</p>')
 
 
 def _fp16_repair_part(r: dict[str, Any]) -> str:

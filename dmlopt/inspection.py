@@ -12,6 +12,7 @@ import onnx_ir as ir
 
 from dmlopt.errors import printable_tree
 from dmlopt.targets.dml import placement
+from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.graph_check import describe_values, has_subgraphs, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
@@ -93,6 +94,11 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
     if ep == "dml":
         predicted = placement.predict(m, ort_version=target.table_version, prepared=prepared)
         info["placement"] = predicted.to_dict()
+    elif ep == "webgpu":  # measured on the EP, as optimize --target webgpu measures it
+        measured = webgpu_placement.measure(m)
+        info["webgpu_placement"] = measured
+        info["graph_capture"] = webgpu_placement.readiness(m, measured).to_dict()
+        return info
     info["graph_capture"] = graph_capture_readiness(m, target, placement=predicted, prepared=prepared).to_dict()
     return info
 
@@ -122,6 +128,8 @@ def to_table(info: dict[str, Any]) -> str:
     lines.append(f"  Einsum: {len(s['einsum'])}" + (f" ({', '.join(eqs)})" if eqs else ""))
     lines.append(f"  shape-arithmetic nodes: {s['shape_arithmetic']}")
     lines.append(f"  If/Loop/Scan: {len(s['control_flow'])}")
+    if "webgpu_placement" in info:
+        lines.append(webgpu_placement.summary(info["webgpu_placement"]))
     if "graph_capture" in info:
         lines.append(info["graph_capture"]["line"])
     if "placement" in info:

@@ -27,13 +27,16 @@ from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.passes import DmlPass, EngineSettings, Option, OptionStore, PassContext, all_passes
 from dmlopt.shapes import check_shapes
 from dmlopt.target import Target
+from dmlopt.targets.webgpu import kernels as webgpu_kernels
+from dmlopt.targets.webgpu import placement as webgpu_placement
+from dmlopt.targets.webgpu import validation as webgpu_validation
 from dmlopt.validate import validate as run_validation
 
 # Names pass options must not take: optimize()'s own keywords and the CLI's own flags (python spelling).
 ENGINE_KEYWORDS = frozenset({
     "model", "shapes", "dims", "passes", "target", "ort_version", "validate", "tune", "inputs", "atol", "rtol",
     "progress", "retime", "options", "output", "shape", "dim", "report", "no_validate", "no_time", "force",
-    "no_session_config", "json", "quiet", "version", "overwrite_input_shape"})
+    "no_session_config", "json", "quiet", "version", "overwrite_input_shape", "fp32_sibling"})
 
 
 @dataclasses.dataclass
@@ -155,7 +158,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     resolved = Target.resolve(target, ort_version)  # once: every pass, tuning and the session config read it
     tuning.require_validation(tune, validate)
     if tune or retime:
-        tuning.require_target(target)  # before any work: exit 2 naming the providers present
+        tuning.require_target(target, tuning=tune)  # before any work: exit 2 naming the providers present
     if progress and isinstance(model, (str, os.PathLike)):
         progress(f"load {os.fspath(model)}")
     original = load(model)
@@ -165,9 +168,12 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     store = check_options(options)
     pass_classes = select_passes(passes)
     check_precision_passes(pass_classes, store, explicit=passes is not None, tune=tune)
+    # WebGPU, where its EP runs here: fused sites are probed on it first (dmlopt.targets.webgpu.kernels).
+    on_ep = resolved.ep == "webgpu" and validate and runtime.has_target("webgpu")
     context = PassContext(target=resolved,
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
-                          dims=dict(dims or {}), options=store, engine=EngineSettings(tune=tune),
+                          dims=dict(dims or {}), options=store,
+                          engine=EngineSettings(tune=tune, kernel_check=webgpu_kernels.check if on_ep else None),
                           precision=tuning.precision_of(store))
     # The report's "options" keep their keys: the user's pass options and "tune".
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version,
@@ -206,10 +212,24 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         if not v.passed and before_fp16 is not None:
             out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
+        if out.passed and on_ep:
+            if progress:
+                progress("validate on the WebGPU EP")
+            found = webgpu_validation.on_ep(original, out.model, shapes=context.shapes, dims=context.dims,
+                                            inputs=inputs, atol=atol, rtol=rtol)
+            rep.validation = {**rep.validation, "cpu_passed": rep.validation["passed"], "webgpu": found,
+                              "passed": found["passed"]}
+            if not found["passed"]:  # the CPU EP agrees: the pass that broke it is found on the EP
+                rep.broken_by = _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep=True)
+                return out
+        elif resolved.ep == "webgpu":
+            rep.validation = {**rep.validation, "webgpu": {"skipped": runtime.webgpu_missing()}}
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
-    if out.passed and (retime or (retime is None and validate and runtime.has_target(target))):
+    # A software adapter (WebGPU on lavapipe) is timed only when asked, and the timing says so.
+    if out.passed and (retime or (retime is None and validate and runtime.has_target(target)
+                                  and runtime.timing_refusal(target) is None)):
         if progress:
             progress(f"time before/after on {target}")
         rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,
@@ -227,14 +247,20 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
     if target in ("dml", "cuda"):
         readiness = graph_capture_readiness(work, context.target)
         rep.graph_capture = readiness.to_dict()
+    elif target == "webgpu":  # measured from the EP where it runs (dmlopt.targets.webgpu.placement)
+        if progress:
+            progress("placement on the WebGPU EP")
+        measured = webgpu_placement.measure(work, dims=context.dims)
+        readiness = webgpu_placement.readiness(work, measured)
+        rep.graph_capture = {**readiness.to_dict(), "placement": measured}
     ep_tuning = None
-    if tune and target in ("dml", "cuda") and runtime.has_target(target):
+    if tune and target in ("dml", "cuda", "webgpu") and runtime.has_target(target):
         if progress:
             progress(f"time provider options on {target}")
         ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,
                                   free_dims=context.dims)
     cfg = session_config.recommend(work, context.target, readiness=readiness,
-                                   ep_tuning=ep_tuning, dims=context.dims)
+                                   ep_tuning=ep_tuning, dims=context.dims, precision=context.precision)
     rep.session_config = {"config": cfg, "path": None, "snippet": None}
 
 
@@ -314,8 +340,9 @@ def _repair_fp16(original, work, start, at, run, only, rep, check, progress) -> 
     return found.trial.model
 
 
-def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol) -> str | None:
-    """Replay the passes one by one, validating after each: the first failure is the culprit."""
+def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep: bool = False) -> str | None:
+    """Replay the passes one by one, validating after each: the first failure is the culprit.
+    `on_ep`: validated on the WebGPU EP (dmlopt.targets.webgpu.validation), where the CPU EP saw none."""
     work = original.clone()
     for cls in pass_classes:
         p = cls(context)
@@ -323,8 +350,12 @@ def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol) -> st
             continue
         work = p(work).model
         try:
-            if not run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
-                                  atol=atol, rtol=rtol).passed:
+            if on_ep:
+                if not webgpu_validation.on_ep(original, work, shapes=context.shapes, dims=context.dims,
+                                               inputs=inputs, atol=atol, rtol=rtol)["passed"]:
+                    return p.name
+            elif not run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
+                                    atol=atol, rtol=rtol).passed:
                 return p.name
         except DmlOptError:
             return p.name

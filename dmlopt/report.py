@@ -147,7 +147,7 @@ class Report:
         if self.timing:
             t = self.timing
             parts.append(f"latency on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms "
-                         f"(x{t['speedup']:.2f})")
+                         f"(x{t['speedup']:.2f})" + (f"\n{t['device_note']}" if t.get("device_note") else ""))
         parts.extend(_session_text(self.graph_capture, self.session_config))
         return "\n\n".join(parts)
 
@@ -191,7 +191,16 @@ def _validation_table(v: dict[str, Any]) -> str:
     for o in v["outputs"]:
         rows.append((o["name"], f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}", f"{o['cosine']:.6f}",
                      "ok" if o["passed"] else "FAIL"))
-    return "validation (ORT CPU EP, " + ("passed" if v["passed"] else "FAILED") + "):\n" + format_table(rows)
+    text = "validation (ORT CPU EP, " + ("passed" if v.get("cpu_passed", v["passed"]) else "FAILED") + "):\n"
+    text += format_table(rows)
+    on_ep = v.get("webgpu")
+    if on_ep is not None and "skipped" in on_ep:
+        text += f"\nvalidation on the WebGPU EP: not run ({on_ep['skipped']}): validate on the target machine"
+    elif on_ep is not None:  # dmlopt.targets.webgpu.validation: the optimized model on the WebGPU EP
+        worst = max((o["max_abs"] for o in on_ep["optimized"]["outputs"]), default=0.0)
+        text += (f"\nvalidation on the WebGPU EP ({on_ep['adapter']}): {'passed' if on_ep['passed'] else 'FAILED'}: "
+                 f"{on_ep['verdict']} (max abs {worst:.3g})")
+    return text
 
 
 def write(rep: Report, path) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
+import sys
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -20,13 +22,16 @@ import onnx_ir as ir
 from dmlopt import scratch
 from dmlopt.errors import InputError, ProviderError
 from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
+from dmlopt.targets.webgpu import adapter as webgpu_adapter
+from dmlopt.targets.webgpu import host as webgpu_host
 
 PROVIDERS = {
     "dml": "DmlExecutionProvider",
     "cuda": "CUDAExecutionProvider",
     "cpu": "CPUExecutionProvider",
+    "webgpu": "WebGpuExecutionProvider",
 }
-# "auto" means the best GPU provider present, else the CPU.
+# "auto" means the best GPU provider present, else the CPU (WebGPU only when named: it may be software).
 AUTO_ORDER = ("dml", "cuda", "cpu")
 
 
@@ -54,7 +59,33 @@ def available_providers() -> list[str]:
 
 
 def has_target(target: str) -> bool:
+    if target == "webgpu":  # a plug-in: present once registered with a device (dmlopt.targets.webgpu.host)
+        return webgpu_missing() is None
     return PROVIDERS[target] in available_providers()
+
+
+def webgpu_missing() -> str | None:
+    """Why the WebGPU EP cannot run here (None: it can): no plug-in or device, or (Linux, where Dawn
+    runs on Vulkan) no Vulkan adapter, which Dawn reports only when a session starts."""
+    device, why = webgpu_host.ep_device(ort())
+    if device is None:
+        return why
+    if sys.platform != "win32":
+        chosen, why = webgpu_adapter.chosen()
+        if chosen is None:
+            return f"no adapter for Dawn: {why}"
+    return None
+
+
+def timing_refusal(target: str) -> str | None:
+    """Why times on `target` here must not choose anything (None: they may): WebGPU on a software
+    adapter (lavapipe) runs, so placement and numerics are real, but its times are not a GPU's."""
+    if target != "webgpu":
+        return None
+    chosen, why = webgpu_adapter.chosen()
+    if chosen is not None and chosen.software:
+        return f"the WebGPU adapter is software ({chosen.name}): its times are no basis for a speed claim or a choice"
+    return None
 
 
 def resolve_ep(ep: str) -> str:
@@ -70,7 +101,8 @@ def resolve_ep(ep: str) -> str:
         raise ProviderError(
             f"{PROVIDERS[ep]} is not available here; providers present: {', '.join(available_providers())}"
             + (" (DirectML needs onnxruntime-directml on Windows)" if ep == "dml" else "")
-            + (" (CUDA needs onnxruntime-gpu: pip install 'dmlopt[gpu]')" if ep == "cuda" else ""))
+            + (" (CUDA needs onnxruntime-gpu: pip install 'dmlopt[gpu]')" if ep == "cuda" else "")
+            + (f" ({webgpu_missing()})" if ep == "webgpu" else ""))
     return ep
 
 
@@ -233,9 +265,22 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
             so.log_severity_level = severity
         return so
 
-    providers = [provider_entry(target, provider_options)]
-    if target != "cpu":
-        providers.append("CPUExecutionProvider")
+    if target == "webgpu":  # a plug-in EP: chosen by device, not by name
+        providers = None
+        device, _ = webgpu_host.ep_device(rt)
+        missing = webgpu_missing()
+        if missing is not None:
+            raise ProviderError(f"{PROVIDERS[target]} is not available here: {missing}")
+        base = options
+
+        def options():
+            so = base()
+            so.add_provider_for_devices([device], {k: str(v) for k, v in (provider_options or {}).items()})
+            return so
+    else:
+        providers = [provider_entry(target, provider_options)]
+        if target != "cpu":
+            providers.append("CPUExecutionProvider")
     if share_weights and not rewrites and target != "cpu":
         raise ValueError("share_weights without ORT's rewrites is for CPU sessions")
     if share_weights and shareable_weights(model) is not None:
@@ -264,8 +309,41 @@ def _shared_session(rt, model, so, providers, cache, *, external: bool):
     return sess
 
 
+# Dawn prints these to stderr when it makes a device on lavapipe (whose limits it clamps): nothing the
+# user can act on, so they are dropped; every other line written meanwhile is passed on.
+DAWN_NOISE = re.compile(r"^Warning: max\w+ artificially reduced from \d+ to \d+")
+
+
+@contextlib.contextmanager
+def _without_dawn_noise() -> Iterator[None]:
+    """Hold what is written to file descriptor 2 (Dawn writes there, not to sys.stderr) and pass on
+    all of it but DAWN_NOISE lines; with DMLOPT_DEBUG set, nothing is held."""
+    if os.environ.get("DMLOPT_DEBUG"):
+        yield
+        return
+    sys.stderr.flush()
+    with scratch.folder("dmlopt-dawn-") as tmp:
+        path = tmp / "stderr.txt"
+        with open(path, "w+b") as held:
+            saved = os.dup(2)
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                held.seek(0)
+                kept = [line for line in held.read().decode("utf-8", "replace").splitlines(keepends=True)
+                        if not DAWN_NOISE.match(line)]
+                if kept:
+                    os.write(2, "".join(kept).encode("utf-8"))
+
+
 def _create(rt, src, so, providers):
     try:
+        if providers is None:  # chosen in `so` (add_provider_for_devices): the WebGPU plug-in
+            with _without_dawn_noise():
+                return rt.InferenceSession(src, sess_options=so)
         return rt.InferenceSession(src, sess_options=so, providers=providers)
     except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
         raise InputError(f"ONNX Runtime cannot load the model: {_first_line(e)}") from e

@@ -29,14 +29,17 @@ from dmlopt.graph_capture import Readiness
 from dmlopt.jsontext import json_text
 from dmlopt.model import check_destination, write_text
 from dmlopt.target import Target
+from dmlopt.targets.webgpu import session as webgpu_session
 
 __all__ = ["FORMAT", "config_path", "cpu_stand_in", "recommend", "snippet", "write"]
 
 FORMAT = "dmlopt-session-config/1"
-PROVIDERS = {"dml": "DmlExecutionProvider", "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+PROVIDERS = {"dml": "DmlExecutionProvider", "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider",
+             "webgpu": "WebGpuExecutionProvider"}
 SUFFIX = ".session.json"
 # Provider options taken from a measurement (bench.TUNE_GRID varies them), never set on a guess.
-MEASURED_OPTIONS = ("disable_metacommands", "performance_preference", "cudnn_conv_algo_search", "prefer_nhwc")
+MEASURED_OPTIONS = ("disable_metacommands", "performance_preference", "cudnn_conv_algo_search", "prefer_nhwc",
+                    "preferredLayout")
 
 
 def config_path(output: str | os.PathLike) -> str:
@@ -47,7 +50,7 @@ def config_path(output: str | os.PathLike) -> str:
 
 def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None = None,
               readiness: Readiness | None = None, ep_tuning: Mapping[str, Any] | None = None,
-              dims: Mapping[str, int] | None = None) -> dict[str, Any]:
+              dims: Mapping[str, int] | None = None, precision: str = "float32") -> dict[str, Any]:
     """The session configuration for `model` (already optimized) on `target`, as a JSON-ready dict.
 
     `readiness`: graph_capture_readiness of the model (graph capture is enabled only when ready);
@@ -93,6 +96,8 @@ def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None 
                 "after); --tune measures HEURISTIC and DEFAULT")
         if "prefer_nhwc" not in measured:
             cfg["not_set"]["provider_options.prefer_nhwc"] = "not measured faster on this model (--tune measures it)"
+    if target == "webgpu":  # its options and graph capture: dmlopt.targets.webgpu.session
+        webgpu_session.recommend(cfg, put, readiness, precision, measured=set(measured))
     _graph_capture(cfg, put, target, readiness)
     for name in _dynamic_dims(model):
         value = int((dims or {}).get(name, 1))
@@ -188,8 +193,18 @@ assert session.get_providers()[0] == cfg["provider"], session.get_providers()  #
 '''
 
 
-def snippet(path: str | os.PathLike) -> str:
-    """Python that creates the session the configuration file at `path` describes."""
+GENERIC_SESSION = """providers = [(cfg["provider"], cfg["provider_options"])]
+if cfg["provider"] != "CPUExecutionProvider":
+    providers.append("CPUExecutionProvider")
+session = ort.InferenceSession(model_path, sess_options=so, providers=providers)
+"""
+
+
+def snippet(path: str | os.PathLike, target: str | None = None) -> str:
+    """Python that creates the session the configuration file at `path` describes (`target` webgpu:
+    the plug-in EP's registration and the shader-f16 check, dmlopt.targets.webgpu.session)."""
+    if target == "webgpu":
+        return SNIPPET.replace(GENERIC_SESSION, webgpu_session.SNIPPET_SESSION).format(path=os.fspath(path))
     return SNIPPET.format(path=os.fspath(path))
 
 

@@ -15,7 +15,7 @@ import re
 
 from dmlopt.errors import UsageError
 
-EPS = ("dml", "cuda", "cpu")
+EPS = ("dml", "cuda", "cpu", "webgpu")
 # Distributions that install the `onnxruntime` module, in the order they are looked up.
 ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml")
 

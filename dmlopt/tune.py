@@ -56,8 +56,12 @@ class Runner(Protocol):
         pipeline checks it; returns the model and, per pass that ran, whether it changed the graph."""
 
 
-def require_target(target: str) -> None:
-    """--tune measures on the target: its provider must be here (exit 2 otherwise)."""
+def require_target(target: str, *, tuning: bool = True) -> None:
+    """--tune measures on the target: its provider must be here (exit 2 otherwise), on a device
+    whose times may choose (not a software adapter)."""
+    refusal = runtime.timing_refusal(target) if tuning else None
+    if refusal is not None:
+        raise ProviderError(f"--tune on {runtime.PROVIDERS[target]}: {refusal}")
     if not runtime.has_target(target):
         raise ProviderError(
             f"--tune needs the {runtime.PROVIDERS[target]} on this machine; providers present: "
@@ -125,6 +129,9 @@ def not_runnable(target: str, validate_output: bool) -> str | None:
     if not runtime.has_target(target):
         return (f"not timed: {runtime.PROVIDERS[target]} is not on this machine; run `dmlopt optimize --tune "
                 f"--target {target}` on the target machine to measure")
+    refusal = runtime.timing_refusal(target)
+    if refusal is not None:
+        return f"not timed: {refusal}"
     return None
 
 
@@ -192,7 +199,7 @@ def resolve(order: Sequence[Step], original: ir.Model, context: PassContext, run
     their documented default."""
     if not order:
         return Outcome({}, [])
-    if context.engine.tune and not runtime.has_target(context.target.ep):
+    if context.engine.tune:
         require_target(context.target.ep)
     untimed = _documented_defaults([s for s in order if s.decision.how == "default"], context)
     timed = [s for s in order if s.decision.how == "timed"]

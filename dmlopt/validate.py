@@ -119,14 +119,16 @@ def _static(model, name: str) -> bool:
 
 def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]] | None = None,
              dims: Mapping[str, int] | None = None, inputs=None, atol: float | None = None,
-             rtol: float | None = None, seed: int = 0) -> Validation:
-    """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output."""
+             rtol: float | None = None, seed: int = 0, ep: str = "cpu") -> Validation:
+    """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output.
+    `ep`: the provider CAND runs on (REF stays on the CPU EP, the reference): a kernel of that EP
+    that computes differently shows as a mismatch (WebGPU's MultiHeadAttention on lavapipe)."""
     ref_model, cand_model = load(ref), load(cand)
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
     feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed)
     ref_out = run(ref_model, feeds)
-    cand_out = run(cand_model, feeds)
+    cand_out = run(cand_model, feeds, ep)
     checks = [compare(name, ref_out[name], cand_out.get(name), atol, rtol) for name in ref_out]
     return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed)
 

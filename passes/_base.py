@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
@@ -36,6 +36,11 @@ class EngineSettings:
     """The pipeline's own settings, kept apart from the pass options (a pass never declares them)."""
 
     tune: bool = False  # --tune: measure every tunable option left unset, not only those set to "auto"
+    # Asks the target's EP whether it computes a fused node right at a site's shapes: (op type, site
+    # description) -> a decline reason or None.  The engine gives one where the EP runs here (WebGPU:
+    # dmlopt.targets.webgpu.kernels.check), so a pass declines a fusion the EP computes wrongly
+    # without running ONNX Runtime itself.
+    kernel_check: Callable[[str, Mapping[str, Any]], str | None] | None = None
 
 
 @dataclasses.dataclass

@@ -106,6 +106,7 @@ class Plan:
     scores_shape: list[int]
     path: list[PathStep]
     out_shape: list[int]
+    head_qk: int = 0
 
 
 # ** analysis **
@@ -197,7 +198,7 @@ def plan_attention(softmax: ir.Node, pv: ir.Node, opset: int, guard: ir.Node | N
     plan = Plan(Heads(q_base, cuts[0], q_head), Heads(k_base, cuts[1], k_head), Heads(v_base, cuts[2], v_head),
                 groups // heads, heads,
                 seq_q, seq_kv, v_shape[-1], q_scale * k_scale * alpha * path_scale, scores_shape, steps,
-                static_shape(pv.outputs[0]))
+                static_shape(pv.outputs[0]), head_qk=head)
     _check_bias(plan, scores_node)
     if guard is not None:
         _check_guard_is_identity(plan)
@@ -445,7 +446,22 @@ class FuseAttention(SiteRule):
             self._plan = plan_attention(softmax, pv, context.model.opset_imports.get("", 17), guard)
         except Decline as e:
             return self.decline(pv, str(e))
+        refused = self._kernel_refusal(self._plan, probs.dtype)
+        if refused is not None:
+            return self.decline(pv, refused)
         return pattern.MatchResult()
+
+    def _kernel_refusal(self, plan: Plan, dtype) -> str | None:
+        """The target EP's verdict on MultiHeadAttention at this site's shapes (EngineSettings.kernel_check),
+        where the engine can ask it: WebGPU's MHA is wrong from 32 tokens on under lavapipe."""
+        checker = self.owner.context.engine.kernel_check if self.owner is not None else None
+        if checker is None:
+            return None
+        site = dict(batch=plan.batch, heads=plan.heads, seq_q=plan.seq_q, seq_kv=plan.seq_kv, head_qk=plan.head_qk,
+                    head_v=plan.head_v, bias=any(step.kind == "add" for step in plan.path),
+                    dtype="float16" if dtype == ir.DataType.FLOAT16 or self.owner.context.precision == "float16"
+                    else "float32")
+        return checker("MultiHeadAttention", site)
 
     def rewrite(self, op, probs, v, out, **_):
         plan = self._plan
@@ -491,11 +507,15 @@ class AttentionPass(DmlPass):
     options = (
         Option("attention", "auto", "fuse attention into com.microsoft MultiHeadAttention, or keep it",
                choices=("auto", "fuse", "keep"), tunable=True,
-               auto_default={"dml": "fuse", "cuda": {"float32": "keep", "float16": "fuse"}, "cpu": "keep"},
+               # webgpu: ORT runs no AttentionFusion for it although it has a MultiHeadAttention kernel; each
+               # site is probed on the EP first where it runs (EngineSettings.kernel_check)
+               auto_default={"dml": "fuse", "cuda": {"float32": "keep", "float16": "fuse"}, "cpu": "keep",
+                             "webgpu": "fuse"},
                auto_default_source={
                    "cuda": "measured on an H200, onnxruntime-gpu 1.31, SAM ViT-B: fused MultiHeadAttention is "
                            "slower than MatMul+Softmax in float32 and faster in float16",
-                   "dml": "one MultiHeadAttention operator instead of about ten per block"}),
+                   "dml": "one MultiHeadAttention operator instead of about ten per block",
+                   "webgpu": "ORT does not fuse attention for WebGPU; sites the EP computes wrongly are declined"}),
     )
 
     needs_shapes = "onnx"
@@ -511,6 +531,9 @@ class AttentionPass(DmlPass):
             self.note(f"DirectML registers MultiHeadAttention from ORT 1.15; target is {target.ort_version}: "
                       "attention kept")
             return True
+        if target.ep == "webgpu" and self.context.engine.kernel_check is None:
+            self.note("sites not probed on a WebGPU adapter (none here, or --no-validate): some adapters compute "
+                      "MultiHeadAttention wrongly from 32 tokens on; validate on the target (dmlopt validate --ep webgpu)")
         return False
 
     def rewrite(self, model: ir.Model) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import dmlopt
-from dmlopt.passes import PassContext
+from dmlopt.passes import EngineSettings, PassContext
 from dmlopt.passes.attention import AttentionPass
 from dmlopt.passes.einsum import EinsumPass
 from dmlopt.passes.transpose import TransposePass, transpose_count
@@ -263,7 +263,7 @@ def test_keep_and_old_directml_leave_attention_alone():
 
 
 @pytest.mark.parametrize("target,fp16,fused", [("dml", False, True), ("cuda", False, False), ("cuda", True, True),
-                                               ("cpu", False, False)])
+                                               ("cpu", False, False), ("webgpu", False, True)])
 def test_auto_follows_the_target_default_when_run_alone(target, fp16, fused):
     """CUDA's default depends on the precision the model is written in: fused only for float16."""
     model = ir.from_proto(hf_attention())
@@ -273,6 +273,29 @@ def test_auto_follows_the_target_default_when_run_alone(target, fp16, fused):
     assert (MHA in op_counts(result.model)) is fused
     if target == "cuda":  # the note names the precision whose default applied
         assert f"--target cuda in {'float16' if fp16 else 'float32'}" in p.notes[0]
+
+
+def test_a_site_the_target_ep_computes_wrongly_is_declined_with_its_reason():
+    """EngineSettings.kernel_check (the WebGPU EP's verdict in the pipeline) is asked per site, with the
+    site's shapes and precision; a refusal declines that site only, its reason in the report."""
+    asked = []
+
+    def check(op_type, site):
+        asked.append((op_type, site))
+        return "wrong on this adapter" if site["seq_q"] >= 6 else None
+
+    short, long_ = hf_attention(seq=5), hf_attention(seq=7)
+    for proto, fused in ((short, True), (long_, False)):
+        p = AttentionPass(PassContext(target="webgpu", options={"attention": "fuse"},
+                                      engine=EngineSettings(kernel_check=check)))
+        result = p(ir.from_proto(proto))
+        assert (MHA in op_counts(result.model)) is fused
+        if not fused:
+            (site,) = [s for s in p.sites if s.op == "MatMul"]
+            assert site.action == "declined" and site.detail == "wrong on this adapter"
+            assert_same(proto, result.model)
+    assert [a[0] for a in asked] == ["MultiHeadAttention"] * 2
+    assert asked[1][1] == dict(batch=2, heads=3, seq_q=7, seq_kv=7, head_qk=4, head_v=4, bias=False, dtype="float32")
 
 
 def test_attention_in_an_if_branch_is_fused():

@@ -596,11 +596,14 @@ class EinsumPass(DmlPass):
         Option("einsum", "auto", "lower the Einsums MatMul can express (for DirectML before ORT 1.19: those "
                "outside its table), or keep them all",
                choices=("auto", "lower", "keep"), tunable=True,
-               auto_default={"dml": "lower", "cuda": "keep", "cpu": "lower"}),
+               # webgpu: its Einsum is one generic per-element loop shader with no GEMM path (math/einsum.cc)
+               auto_default={"dml": "lower", "cuda": "keep", "cpu": "lower", "webgpu": "lower"}),
         Option("einsum_layout", "auto", "layout of lowered Einsums: a real GEMM with Transposes around it, "
                "no Transpose and a batch of vector products, or by-size (vector products for small ones)",
                choices=("auto", *LAYOUTS), tunable=True,
-               auto_default={"dml": "by-size", "cuda": "largest-matmul", "cpu": "largest-matmul"}),
+               # webgpu: its MatMul is a tiled GEMM shader; vector products would not use it
+               auto_default={"dml": "by-size", "cuda": "largest-matmul", "cpu": "largest-matmul",
+                             "webgpu": "largest-matmul"}),
     )
 
     needs_shapes = "onnx"

@@ -442,7 +442,9 @@ class LeakyReluPass(DmlPass):
     order = 30.0
     options = (Option(
         "leaky_relu", default="auto", choices=(*STRATEGIES, "auto"), tunable=True,
-        auto_default={"dml": "conv-split", "cuda": "keep", "cpu": "keep"},
+        # webgpu: ORT's ConvActivationFusion runs for the WebGPU EP with LeakyRelu among its activations
+        # (dmlopt.targets.webgpu.registry; the fused Conv is checked on lavapipe in tests/test_webgpu.py).
+        auto_default={"dml": "conv-split", "cuda": "keep", "cpu": "keep", "webgpu": "keep"},
         help="how to rewrite LeakyRelu: keep, decompose (Max/Min), relu-split, conv-split (Relu(Conv)+Conv), "
              "channel-fold, or auto (time them on the target; default without the target: conv-split for dml, "
              "keep for cuda/cpu)"),)

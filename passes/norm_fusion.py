@@ -49,11 +49,12 @@ MS_DOMAIN = "com.microsoft"
 # DirectML and CUDA kernels are float32/float16 (the tables' Float16to32; CUDA adds bfloat16).
 KERNEL_TYPES = {"dml": {ir.DataType.FLOAT, ir.DataType.FLOAT16},
                 "cuda": {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16},
-                "cpu": {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE}}
+                "cpu": {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE},
+                "webgpu": {ir.DataType.FLOAT, ir.DataType.FLOAT16}}  # WebGpuSupportedFloatTypes()
 # What ORT fuses itself at load, per EP (graph_transformer_utils.cc level 2; SimplifiedLayerNormFusion
 # lists cpu/cuda/rocm, SkipLayerNormFusion cpu/acl/cuda/rocm/dml).
 ORT_FUSES_AT_LOAD = {"SimplifiedLayerNormalization": {"cpu", "cuda"},
-                     "SkipLayerNormalization": {"cpu", "cuda", "dml"},
+                     "SkipLayerNormalization": {"cpu", "cuda", "dml", "webgpu"},  # webgpu: PR #32294
                      "InstanceNormalization": set()}
 
 

@@ -17,6 +17,10 @@ way.  The placement data (``dmlopt/data/dml_ort_<version>.json``) says which ver
      other node keeps its meaning there (the same since-version, or a newer one that only added
      types the node does not use: same inputs, outputs and attributes with their defaults).
 
+For WebGPU (``dmlopt.targets.webgpu.registry``): it has no GroupNormalization kernel either (ORT inlines
+it, two of its shape nodes on the CPU; the form of 1 runs wholly on WebGPU, measured) and registers
+GridSample for opsets 16-19 only, so both rewrites apply there too.
+
 Declined, with the reason: a GroupNormalization whose channel or spatial sizes are not static, whose
 C is not a multiple of G, of float16 (stash_type computes in float32, InstanceNormalization in the
 kernel's precision), or -18 with a computed scale/bias; a GridSample that is not 4-D (16 is 4-D
@@ -32,6 +36,7 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt.targets.dml import placement
+from dmlopt.targets.webgpu import registry as webgpu_registry
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules
 from dmlopt.passes._shared import all_nodes, show_shape
 
@@ -55,7 +60,8 @@ def _since(op_type: str, opset: int) -> int | None:
 class GroupNormToInstanceNorm(SiteRule):
     """``GroupNormalization(x, s, b)`` -> Reshape, InstanceNormalization, Reshape, Mul, Add."""
 
-    def __init__(self, owner: DmlPass, opset: int, data: placement.DmlData):
+    def __init__(self, owner: DmlPass, opset: int, data: placement.DmlData | None):
+        """`data` None: for WebGPU, which has no GroupNormalization kernel (registry.NO_KERNEL)."""
         super().__init__(owner, "GroupNormToInstanceNorm")
         self.version = _since("GroupNormalization", opset)
         self.data = data
@@ -69,7 +75,7 @@ class GroupNormToInstanceNorm(SiteRule):
         return self.decline(node, reason) if reason else True
 
     def _reason(self, node: ir.Node, x: ir.Value, scale: ir.Value, bias: ir.Value) -> str | None:
-        if self.data.has_op("", "GroupNormalization", self.version):
+        if self.data is not None and self.data.has_op("", "GroupNormalization", self.version):
             return f"DirectML registers GroupNormalization-{self.version} in ORT {self.data.version}"
         if x.dtype != ir.DataType.FLOAT:
             return (f"GroupNormalization on {x.dtype}: only float32 is rewritten (float16 statistics are computed "
@@ -212,12 +218,12 @@ class OpVersionsPass(DmlPass):
     """Ops at ONNX versions DirectML does not register -> registered versions or exact equivalents."""
 
     name = "op-versions"
-    summary = ("ops at ONNX versions DirectML does not register (GroupNormalization, GridSample-20/22) -> "
-               "InstanceNormalization form / GridSample-16")
+    summary = ("ops at ONNX versions DirectML (or WebGPU) does not register (GroupNormalization, GridSample-20/22) "
+               "-> InstanceNormalization form / GridSample-16")
     order = 12.0
 
     def enabled(self) -> bool:
-        return self.context.target.ep == "dml"
+        return self.context.target.ep in ("dml", "webgpu")
 
     needs_names = "sites"
     needs_shapes = "onnx"
@@ -233,22 +239,26 @@ class OpVersionsPass(DmlPass):
 
     def rewrite(self, model: ir.Model) -> bool:
         opset = _onnx_opset(model)
-        data = placement.load_data(self.context.target.table_version)
+        webgpu = self.context.target.ep == "webgpu"
+        data = None if webgpu else placement.load_data(self.context.target.table_version)
         count = 0
         if any(n.op_type == "GroupNormalization" and n.domain in ("", "ai.onnx") for n in all_nodes(model)):
             count += apply_rules(model, [GroupNormToInstanceNorm.rule(self, opset, data)])
         count += self._lower_grid_sample(model, opset, data)
         return count > 0
 
-    def _lower_grid_sample(self, model: ir.Model, opset: int, data: placement.DmlData) -> int:
-        registered = placement.registered_versions(data, "", "GridSample")
+    def _lower_grid_sample(self, model: ir.Model, opset: int, data: placement.DmlData | None) -> int:
+        """`data` None: the WebGPU EP's registrations (dmlopt.targets.webgpu.registry)."""
+        registered = (placement.registered_versions(data, "", "GridSample") if data is not None
+                      else webgpu_registry.REGISTERED_VERSIONS[("", "GridSample")])
+        who = f"ORT {data.version}'s DirectML" if data is not None else "the WebGPU EP"
         since = _since("GridSample", opset)
         nodes = [n for n in all_nodes(model) if n.op_type == "GridSample" and n.domain in ("", "ai.onnx")]
         if not nodes or since in registered:
             return 0
         if 16 not in registered:
             for node in nodes:
-                self.declined(node, f"ORT {data.version}'s DirectML registers no GridSample at any version")
+                self.declined(node, f"{who} registers no GridSample at any version")
             return 0
         target = max(o for o in range(16, opset) if _since("GridSample", o) == 16)
         reasons = {id(n): grid_sample_reason(n) for n in nodes}

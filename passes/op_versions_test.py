@@ -190,9 +190,22 @@ def test_placement_tables_register_grid_sample_16_from_ort_1_15():
         assert row.source  # every rule names its source
 
 
-def test_only_for_directml():
+def test_only_for_directml_and_webgpu():
     assert not OpVersionsPass(PassContext(target="cuda")).enabled()
     assert OpVersionsPass(PassContext(target="dml")).enabled()
+    assert OpVersionsPass(PassContext(target="webgpu")).enabled()
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_webgpu_pins_grid_sample_to_16_and_writes_group_norm_as_instance_norm(opset):
+    """WebGPU registers GridSample for opsets 16-19 only and no GroupNormalization
+    (dmlopt.targets.webgpu.registry; tests/test_webgpu.py measures both on the EP)."""
+    original, result, p = rewrite(grid_sample_model(20), target="webgpu", ort_version=None)
+    assert result.model.opset_imports[""] == 19 and p.sites[0].action == "rewrote"
+    assert dmlopt.validate(original, result.model).passed
+    original, result, p = rewrite(group_norm_model(opset), target="webgpu", ort_version=None)
+    assert op_counts(result.model)["InstanceNormalization"] == 1 and p.sites[0].action == "rewrote"
+    assert dmlopt.validate(original, result.model).passed
 
 
 def test_through_optimize():

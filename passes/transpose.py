@@ -10,7 +10,8 @@ Rewrites (p, q: permutations; ``q.p`` their composition):
      ``MatMul(Transpose(a), b)`` -> ``Gemm(a, b, transA=1)`` and
      ``Transpose(MatMul(a, b))`` -> ``Gemm(b, a, transA=1, transB=1)``; above rank 2 a
      swap of the last two axes goes into ``com.microsoft.FusedMatMul`` transA/transB
-     (onnxscript's ort_fusions rules; every ORT EP dmlopt targets registers FusedMatMul).
+     (onnxscript's ort_fusions rules) where the target registers FusedMatMul: not on WebGPU
+     (measured: it lands on the CPU with copies around it; dmlopt.targets.webgpu.registry).
   5. Sinking, when it removes some: ``U(Transpose(x, p))`` -> ``Transpose(U'(x), p)`` for
      elementwise U (unary; binary with a constant, transposed back into x's layout, or a
      broadcast scalar), Softmax/LogSoftmax (axis ``p[axis]``; before opset 13 only when
@@ -49,6 +50,7 @@ from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_no
 from dmlopt.passes._layout import (BINARY, REDUCE, SOFTMAX, UNARY, CollapseLayoutChain, inverse, rank_of, reduce_axes,
                                    transpose_count)
 from dmlopt.passes._shared import constant_array
+from dmlopt.targets.webgpu.registry import no_kernel
 
 MAX_ROUNDS = 32
 MAX_LOOKAHEAD = 64
@@ -446,9 +448,10 @@ class TransposePass(DmlPass):
                  MatMul2DTransposedInput.rule(self, 0), MatMul2DTransposedInput.rule(self, 1),
                  TransposedMatMul2D.rule(self), PointwiseConvBetweenTransposes.rule(self),
                  CollapseLayoutChain.rule(self, "Transpose"), CollapseLayoutChain.rule(self, "Reshape"),
-                 onnxscript_rules.reshape_reshape_rule,
-                 fused_matmul.TransposeMatMul1.rule(), fused_matmul.TransposeMatMul2.rule(),
-                 fused_matmul.TransposeFusedMatMul1.rule(), fused_matmul.TransposeFusedMatMul2.rule()]
+                 onnxscript_rules.reshape_reshape_rule]
+        if ("com.microsoft", "FusedMatMul") not in no_kernel(self.context.target.ep):
+            rules += [fused_matmul.TransposeMatMul1.rule(), fused_matmul.TransposeMatMul2.rule(),
+                      fused_matmul.TransposeFusedMatMul1.rule(), fused_matmul.TransposeFusedMatMul2.rule()]
         for op_type in UNARY + SOFTMAX + REDUCE:
             rules.append(SinkTranspose.rule(self, op_type, 0))
         for op_type in BINARY:

@@ -22,9 +22,9 @@ def parse(text: str, initializers: dict[str, np.ndarray] | None = None, opset: i
     return proto
 
 
-def optimize(proto, pass_cls=TransposePass):
+def optimize(proto, pass_cls=TransposePass, target="dml"):
     model = ir.from_proto(proto)
-    p = pass_cls(PassContext(target="dml"))
+    p = pass_cls(PassContext(target=target))
     result = p(model)
     check_model(result.model, "transpose")
     return result, p
@@ -186,6 +186,17 @@ def test_batched_matmul_with_transposed_key_becomes_fused_matmul():
     assert (fused.domain, fused.op_type) == ("com.microsoft", "FusedMatMul")
     assert fused.attributes.get_int("transB") == 1
     assert_same(proto, result.model)
+
+
+def test_no_fused_matmul_for_webgpu():
+    """WebGPU has no FusedMatMul kernel (measured: the node lands on the CPU with copies; tests/test_webgpu.py):
+    the transposed key stays a Transpose and a MatMul there."""
+    proto = parse("""g (float[6,5,8] q, float[6,7,8] k) => (float[6,5,7] y) {
+        kt = Transpose <perm = [0, 2, 1]> (k)
+        y = MatMul(q, kt)
+    }""")
+    result, _ = optimize(proto, target="webgpu")
+    assert [n.op_type for n in result.model.graph] == ["Transpose", "MatMul"]
 
 
 # ** cases 5 and 6: sinking **

@@ -20,12 +20,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Lowest first: a module may import its own layer and those below it.
 LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
-               "dmlopt.target", "dmlopt.scratch", "dmlopt.data"],
+               "dmlopt.target", "dmlopt.scratch", "dmlopt.data",
+               # WebGPU facts from ORT's source and the Vulkan adapter list: read by passes and runtime alike.
+               "dmlopt.targets.webgpu.registry", "dmlopt.targets.webgpu.adapter"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
                    "dmlopt.graph_check", "dmlopt.names"],
-    "ONNX Runtime": ["dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
+    # The WebGPU host registers the plug-in EP that runtime's sessions use.
+    "ONNX Runtime": ["dmlopt.targets.webgpu.host", "dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
     # Each target's knowledge in one package (dmlopt.targets.<ep>); graph capture spans targets.
-    "targets": ["dmlopt.targets", "dmlopt.targets.dml", "dmlopt.graph_capture"],
+    "targets": ["dmlopt.targets", "dmlopt.targets.dml", "dmlopt.targets.webgpu", "dmlopt.graph_capture"],
     "passes and report": ["dmlopt.passes", "dmlopt.report", "dmlopt.html_report", "dmlopt.inspection",
                           "dmlopt.session_config"],
     "engine": ["dmlopt.pipeline", "dmlopt.tune", "dmlopt.fp16_repair"],
