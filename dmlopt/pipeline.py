@@ -27,13 +27,14 @@ from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.passes import DmlPass, EngineSettings, Option, OptionStore, PassContext, all_passes
 from dmlopt.shapes import check_shapes
 from dmlopt.target import Target
+from dmlopt.targets.dml import real_ep
 from dmlopt.validate import validate as run_validation
 
 # Names pass options must not take: optimize()'s own keywords and the CLI's own flags (python spelling).
 ENGINE_KEYWORDS = frozenset({
     "model", "shapes", "dims", "passes", "target", "ort_version", "validate", "tune", "inputs", "atol", "rtol",
     "progress", "retime", "options", "output", "shape", "dim", "report", "no_validate", "no_time", "force",
-    "no_session_config", "json", "quiet", "version", "overwrite_input_shape"})
+    "no_session_config", "json", "quiet", "version", "overwrite_input_shape", "dml_host"})
 
 
 @dataclasses.dataclass
@@ -45,7 +46,9 @@ class Result:
 
     @property
     def passed(self) -> bool:
-        return self.report.validation is None or self.report.validation.get("passed", False)
+        real = self.report.real_ep or {}
+        return (self.report.validation is None or self.report.validation.get("passed", False)) \
+            and real.get("passed") is not False
 
 
 def pass_options() -> dict[str, tuple[type[DmlPass], Option]]:
@@ -143,7 +146,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
              target: str = "dml", ort_version: str | None = None, validate: bool = True,
              tune: bool = False, inputs=None, atol: float | None = None, rtol: float | None = None,
              progress: Callable[[str], None] | None = None, retime: bool | None = None,
-             **options: Any) -> Result:
+             dml_host: str | os.PathLike | None = None, **options: Any) -> Result:
     """Rewrite `model` for `target` and validate it against the input.
 
     `passes` names the passes to run (default: every pass that applies).  Pass options
@@ -151,8 +154,12 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     The input model is never changed: the pipeline works on a copy.
     `retime`: time before/after on the target (report.timing); None (default) does so
     when the target's provider is on this machine, True requires it, False skips it.
+    `dml_host`: the Wine host folder (else DMLOPT_DML_HOST) where the output is validated on the
+    real DirectML EP too, for --target dml (real_ep; in this process on Windows).
     """
     resolved = Target.resolve(target, ort_version)  # once: every pass, tuning and the session config read it
+    real = (real_ep.resolve(dml_host, ort_version, other_version_ok=True)
+            if target == "dml" and validate else None)  # before any work: a missing version is exit 2
     tuning.require_validation(tune, validate)
     if tune or retime:
         tuning.require_target(target)  # before any work: exit 2 naming the providers present
@@ -206,6 +213,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         if not v.passed and before_fp16 is not None:
             out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
+        if out.passed and target == "dml":
+            rep.real_ep = _validate_real(original, out.model, real, context, inputs, rep.validation, progress)
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
@@ -217,6 +226,19 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     if out.passed:
         _session_recommendation(rep, work, context, tune, progress)
     return out
+
+
+def _validate_real(original: ir.Model, model: ir.Model, real, context: PassContext, inputs, validation,
+                   progress=None) -> dict:
+    """The output on the real DirectML EP against the input on the CPU EP, with the tolerances the
+    CPU validation used; without a real EP, why not and how to get one."""
+    if real is None:
+        return {"passed": None, "skipped": real_ep.unavailable("validation on the real DirectML EP")}
+    if progress:
+        progress(f"validate on the real DirectML EP (ORT {real.version})")
+    per_output = {o["name"]: (o["atol"], o["rtol"]) for o in validation["outputs"]}
+    return real_ep.validate_real(original, model, real, shapes=context.shapes, dims=context.dims, inputs=inputs,
+                                 per_output=per_output)
 
 
 def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: bool, progress=None) -> None:
