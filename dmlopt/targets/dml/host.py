@@ -237,6 +237,10 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
                                 "takes minutes)")
         if result is None or not result.get("ok"):
             reason = (result or {}).get("error") or _failure_line(log) or f"exit status {rc}, no result"
+            if "for float16 tensors" in reason:  # onnxruntime-node 1.17's binding: no float16 in or out
+                reason = (f"onnxruntime-node {version} cannot pass float16 tensors in or out of a session; keep "
+                          "float32 inputs and outputs (optimize --fp16 keeps them by default) or use ORT 1.19 or "
+                          f"newer ({reason})")
             raise InputError(f"the real DirectML EP (ORT {version}, {host.root}) failed: {reason}")
         outputs = {}
         for entry in result["outputs"]:
