@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
+from dmlopt import report
 from dmlopt.errors import InputError, UsageError
 from dmlopt.targets.dml import host, real_ep
 from tests.conftest import conv_leaky_model, one_error_line
@@ -99,6 +100,18 @@ def test_commands_without_a_host_say_how_to_get_one(cli, tmp_path, monkeypatch):
     assert r.code == 0 and "actual placement: not measured" in r.out and "setup.sh" in r.out
 
 
+def test_optimize_without_a_host_says_in_the_report_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.delenv(host.ENV_VAR, raising=False)
+    result = dmlopt.optimize(conv_leaky_model(), target="dml", passes=["leaky-relu"], retime=False)
+    assert result.passed and result.report.real_ep["passed"] is None
+    assert "validation on the real DirectML EP: not run (DirectML is missing" in result.report.to_table()
+    page = tmp_path / "report.html"
+    report.write(result.report, page)
+    assert "On the real DirectML EP</h3><p class=\"note\">Not run: DirectML is missing" in page.read_text()
+    cpu = dmlopt.optimize(conv_leaky_model(), target="cpu", passes=["leaky-relu"], retime=False)
+    assert cpu.report.real_ep is None  # nothing to say for another target
+
+
 def test_a_broken_host_is_one_line_naming_what_is_missing(cli, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(conv_leaky_model(), path)
@@ -150,7 +163,7 @@ def test_runner_round_trips_every_tensor_type(dml_host):
 
 
 @pytest.mark.dml_host
-def test_sam_story_at_1_17_3(dml_host):
+def test_sam_story_at_1_17_3(dml_host, tmp_path):
     """The seed's claim on the real EP: SAM (dynamic batch) at ORT 1.17.3 runs its rel-pos Einsums on
     the CPU with copies and partitions; after `dmlopt optimize --target dml --ort-version 1.17.3`
     (batch frozen) it is 0 CPU nodes, 0 copies, 1 compiled partition, numerics within tolerance."""
@@ -168,6 +181,9 @@ def test_sam_story_at_1_17_3(dml_host):
     assert (p["cpu_nodes"], p["copies"], p["partitions"]) == (0, 0, 1)
     assert real["host"]["ort_version"] == "1.17.3" and real["outputs"][0]["max_abs"] < 1e-4
     assert "validation on the real DirectML EP (passed)" in result.report.to_table()
+    page = tmp_path / "report.html"
+    report.write(result.report, page)
+    assert "On the real DirectML EP (passed)" in page.read_text() and "ONNX Runtime 1.17.3" in page.read_text()
 
 
 @pytest.mark.dml_host
