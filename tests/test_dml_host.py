@@ -260,3 +260,18 @@ def test_tune_never_chooses_by_the_hosts_timings(cli, dml_host, tmp_path):
     onnx.save(conv_leaky_model(), path)
     r = cli("optimize", path, "-o", tmp_path / "o.onnx", "--tune", "--dml-host", dml_host.root)
     assert r.code == 2 and "software timings never choose" in one_error_line(r.err)
+
+
+@pytest.mark.dml_host
+def test_session_options_reach_the_session(dml_host):
+    """Graph fusion off (ep.dml.disable_graph_fusion, honoured from onnxruntime-node 1.24): every DirectML
+    node is listed on its own instead of one compiled partition."""
+    version = dml_host.versions[-1]
+    if tuple(int(p) for p in version.split(".")) < (1, 24):
+        pytest.skip(f"onnxruntime-node {version} ignores session config entries")
+    model = dmlopt.load(CNN)
+    feeds = {"input": np.ones((1, 3, 128, 128), np.float32)}
+    fused = dml_host.run(model, feeds, version).placement
+    apart = dml_host.run(model, feeds, version, fusion=False).placement
+    assert fused["partitions"] == 1 and fused["cpu_nodes"] == 0
+    assert apart["partitions"] == 0 and apart["dml_nodes"] > 1 and apart["cpu_nodes"] == 0
