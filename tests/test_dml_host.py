@@ -47,6 +47,7 @@ def test_placement_summary_leaves_the_probe_out():
     p = host.placement_summary(LOG)
     assert p["cpu_nodes"] == 1 and p["cpu_ops"] == {"Einsum": 1} and p["cpu_node_names"] == ["/attn/Einsum"]
     assert p["copies"] == 1 and p["partitions"] == 2 and p["listed"] and p["dml_nodes"] == 3
+    assert p["dml_standalone"] == 0  # the two partitions and the copy
     assert "1 CPU nodes, 1 copies, 2 compiled DML partitions (CPU: Einsum x1)" in real_ep.placement_line(p)
 
 
@@ -173,6 +174,7 @@ def test_sam_story_at_1_17_3(dml_host, tmp_path):
     model = dmlopt.load(SAM_DYNAMIC)
     before = real_ep.placement(model, ep)
     assert before["cpu_ops"].get("Einsum") == 6 and before["copies"] > 0 and before["cpu_nodes"] > 6
+    assert before["partitions"] == 0 and before["dml_standalone"] > 100  # dynamic shapes: nothing compiled
     result = dmlopt.optimize(SAM_DYNAMIC, target="dml", ort_version="1.17.3", dims={"batch": 1}, retime=False,
                              dml_host=dml_host.root)
     real = result.report.real_ep

@@ -308,7 +308,9 @@ def _failure_line(log: str) -> str | None:
 
 
 def placement_summary(log: str) -> dict[str, Any]:
-    """CPU nodes, copies and compiled partitions from one DirectML session's verbose log.
+    """CPU nodes, copies and compiled partitions from one DirectML session's verbose log; DirectML
+    nodes outside any compiled partition (a graph with dynamic shapes compiles none) are
+    `dml_standalone`.
 
     The probe node is left out.  `listed` is False when ORT listed no node by name ("All nodes
     placed on [EP]"): then the partition count is unknown (None)."""
@@ -324,7 +326,9 @@ def placement_summary(log: str) -> dict[str, Any]:
     ops: dict[str, int] = {}
     for n in cpu_nodes:
         ops[n["op"]] = ops.get(n["op"], 0) + 1
-    return {"found": bool(placements), "dml_nodes": dml["count"], "cpu_nodes": len(cpu_nodes) if cpu["nodes"] else cpu["count"] - int(probe),
+    dml_copies = sum(1 for n in dml["nodes"] if n["op"] in ort_log.COPY_OPS)
+    standalone = dml["count"] - len(fused) - dml_copies if listed else None
+    return {"found": bool(placements), "dml_nodes": dml["count"], "dml_standalone": standalone, "cpu_nodes": len(cpu_nodes) if cpu["nodes"] else cpu["count"] - int(probe),
             "cpu_ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
             "cpu_node_names": [n["name"] for n in cpu_nodes], "copies": copies,
             "partitions": len(fused) if listed else None, "fused_partitions": fused, "listed": listed}

@@ -153,6 +153,8 @@ def placement_line(p: Mapping[str, Any]) -> str:
         return "placement: ORT's log had no node placement (not verbose?)"
     parts = [f"{p['cpu_nodes']} CPU nodes", f"{p['copies']} copies",
              f"{'?' if p['partitions'] is None else p['partitions']} compiled DML partitions"]
+    if p.get("dml_standalone"):
+        parts.append(f"{p['dml_standalone']} DML nodes outside compiled partitions")
     ops = ", ".join(f"{op} x{n}" for op, n in list(p["cpu_ops"].items())[:8])
     return "actual placement: " + ", ".join(parts) + (f" (CPU: {ops})" if ops else "")
 
