@@ -21,15 +21,19 @@ from dmlopt.passes.attention_test import hf_attention
 from dmlopt.passes.conv_transpose_test import conv_transpose_model
 from dmlopt.passes.linear_gemm_test import mlp_model
 from dmlopt.passes.norm_fusion_test import mean_variance_model, rms_model, skip_model
-from dmlopt.passes.op_versions_test import group_norm_model
+from dmlopt.passes.op_versions_test import grid_sample_model, group_norm_model
+from dmlopt.passes.pad_concat_test import pad_model
 from dmlopt.passes.prelu_test import prelu_model
 from tests.test_calibrate import einsum_model
 
 VERSIONS = ("1.17.3", "1.19.2", "1.24.3", "1.31.1")
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"
-CNN = DATA / "cnn_leaky.onnx"  # Conv -> LeakyRelu -> Conv chains: every LeakyRelu strategy applies
+CNN = DATA / "cnn_leaky.onnx"
+SAM = DATA / "sam_small.onnx"  # Conv -> LeakyRelu -> Conv chains: every LeakyRelu strategy applies
 # Cases whose model needs a newer ORT than some versions: (case, versions) -> why.
 NEEDS = {("group-norm", "1.17.3"): "GroupNormalization-21 needs opset 21, which ORT 1.17 does not load"}
+# Emitted ops the real EP runs on the CPU at a version (measured), so the check there is the CPU kernel's.
+ON_CPU = {("grid-sample-16", "1.17.3"): "GridSample"}
 OLDEST_IR = 9  # ORT 1.17 reads IR versions up to 9
 
 
@@ -82,7 +86,13 @@ CASES = {
     "group-norm": (lambda: group_norm_model(opset=21), ["op-versions"], {}, "InstanceNormalization"),
     "copies-nary-gelu": (nary_and_gelu, ["copies"], {}, "Add"),
     "fp16-cnn": (lambda: CNN, None, {"fp16": True}, "Cast"),
-    "sam-small": (lambda: DATA / "sam_small.onnx", None, {}, "com.microsoft.MultiHeadAttention"),
+    "sam-small": (lambda: SAM, None, {}, "com.microsoft.MultiHeadAttention"),
+    "sam-small-fp16": (lambda: SAM, None, {"fp16": True}, "com.microsoft.MultiHeadAttention"),
+    "sam-relpos-fold": (lambda: SAM, None, {"relpos_bias": "fold"}, "com.microsoft.MultiHeadAttention"),
+    "einsum-largest-matmul": (einsum_model, ["einsum"], {"einsum": "lower", "einsum_layout": "largest-matmul"},
+                              "MatMul"),
+    "grid-sample-16": (grid_sample_model, ["op-versions"], {}, "GridSample"),
+    "pad-concat": (pad_model, ["pad-concat"], {"pad_concat": "concat"}, "Concat"),
 }
 
 
@@ -101,7 +111,10 @@ def test_rewrite_validates_on_the_real_directml_ep(dml_host, case, version):
     real = result.report.real_ep
     assert real is not None and real.get("host", {}).get("ort_version") == version, real
     assert result.passed and real["passed"], result.report.to_table()
-    if op_counts(result.model).get(emitted, 0):  # DirectML's own kernel ran the emitted op, not the CPU EP's
-        assert emitted.rpartition(".")[2] not in real["placement"]["cpu_ops"], real["placement"]
+    op = emitted.rpartition(".")[2]
+    if (case, version) in ON_CPU:
+        assert ON_CPU[case, version] in real["placement"]["cpu_ops"], real["placement"]
+    elif op_counts(result.model).get(emitted, 0):  # DirectML's own kernel ran the emitted op, not the CPU EP's
+        assert op not in real["placement"]["cpu_ops"], real["placement"]
     if version == dml_host.versions[-1]:
         assert op_counts(result.model).get(emitted, 0) > 0, (case, op_counts(result.model))
