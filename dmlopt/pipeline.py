@@ -214,7 +214,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
             out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
         if out.passed and target == "dml":
-            rep.real_ep = _validate_real(original, out.model, real, context, inputs, rep.validation, progress)
+            rep.real_ep = _validate_real(original, out.model, real, context, inputs, rep.validation, progress,
+                                         ort_version)
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
@@ -229,11 +230,11 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
 
 
 def _validate_real(original: ir.Model, model: ir.Model, real, context: PassContext, inputs, validation,
-                   progress=None) -> dict:
+                   progress=None, ort_version: str | None = None) -> dict:
     """The output on the real DirectML EP against the input on the CPU EP, with the tolerances the
     CPU validation used; without a real EP, why not and how to get one."""
     if real is None:
-        return {"passed": None, "skipped": real_ep.unavailable("validation on the real DirectML EP")}
+        return {"passed": None, "skipped": real_ep.why_not(ort_version, "validation on the real DirectML EP")}
     if progress:
         progress(f"validate on the real DirectML EP (ORT {real.version})")
     per_output = {o["name"]: (o["atol"], o["rtol"]) for o in validation["outputs"]}

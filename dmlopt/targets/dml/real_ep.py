@@ -84,6 +84,13 @@ def resolve(flag: str | os.PathLike | None = None, ort_version: str | None = Non
     return RealEP("wine", host.choose(ort_version), host)
 
 
+def why_not(ort_version: str | None, what: str) -> str:
+    """Why `resolve(..., other_version_ok=True)` gave None."""
+    if runtime.has_target("dml"):
+        return f"--ort-version {ort_version}: the DirectML EP in this process is onnxruntime {_installed()}"
+    return unavailable(what)
+
+
 def unavailable(what: str = "this command") -> str:
     return (f"DirectML is missing: {what} needs the real DmlExecutionProvider (onnxruntime-directml on Windows); "
             f"{host_mod.HOW_TO}")
