@@ -157,6 +157,8 @@ def test_runner_round_trips_every_tensor_type(dml_host):
     np.testing.assert_array_equal(run.outputs["relu_out"], np.maximum(feeds["f32"], 0))
     assert len(run.warmup_ms) == 1 and len(run.run_ms) == 2 and run.session_ms > 0
     assert run.placement["found"] and run.placement["dml_nodes"] >= 1
+    assert {n["provider"] for n in run.nodes} <= {"DmlExecutionProvider", "CPUExecutionProvider"}
+    assert host.PROBE_NODE not in {n["name"] for n in run.nodes} and len(run.nodes) >= run.placement["dml_nodes"]
     assert run.host["ort_version"] == version and run.host["directml_dll"][0].isdigit()
     if "1.17.3" in dml_host.versions:  # its binding has no float16 tensors: said so, in one line
         with pytest.raises(InputError, match="cannot pass float16 tensors"):

@@ -177,6 +177,12 @@ class HostRun:
     placement: dict[str, Any]
     host: dict[str, Any]
 
+    @property
+    def nodes(self) -> list[dict[str, str]]:
+        """Every node ORT listed, with its provider: {op, name, provider} (the probe left out)."""
+        return [{**n, "provider": provider} for provider, entry in ort_log.parse_placements(self.log).items()
+                for n in entry["nodes"] if n["name"] != PROBE_NODE]
+
 
 def timeout_s(timeout: float | None) -> float:
     if timeout is not None:
