@@ -279,3 +279,18 @@ def test_session_options_reach_the_session(dml_host):
     apart = dml_host.run(model, feeds, version, fusion=False).placement
     assert fused["partitions"] == 1 and fused["cpu_nodes"] == 0
     assert apart["partitions"] == 0 and apart["dml_nodes"] > 1 and apart["cpu_nodes"] == 0
+
+
+@pytest.mark.dml_host
+def test_optimize_command_validates_on_the_real_ep(cli, dml_host, tmp_path):
+    version = dml_host.versions[0]
+    out, rep = tmp_path / "o.onnx", tmp_path / "r.json"
+    r = cli("optimize", CNN, "-o", out, "--dml-host", dml_host.root, "--ort-version", version, "--report", rep,
+            "--no-session-config", "-q")
+    assert r.code == 0, r.err
+    real = json.loads(rep.read_text())["real_ep"]
+    assert real["passed"] and real["host"]["ort_version"] == version and real["placement"]["cpu_nodes"] == 0
+    assert "validation on the real DirectML EP (passed)" in r.out and out.exists()
+    missing = tmp_path / "m.onnx"
+    r = cli("optimize", CNN, "-o", missing, "--dml-host", dml_host.root, "--ort-version", "1.9", "-q")
+    assert r.code == 2 and "installed: " in one_error_line(r.err) and not missing.exists()
