@@ -21,10 +21,11 @@ from typing import Iterator, Sequence
 
 from dmlopt import bench, demo, runtime, scratch, session_config
 
-from dmlopt.targets.dml import calibrate, emulate
+from dmlopt.targets.dml import calibrate, emulate, real_ep
+from dmlopt.targets.dml import host as dml_host
 from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt import report as report_mod
-from dmlopt.errors import CheckFailed, DmlOptError, InputError, UsageError, printable
+from dmlopt.errors import CheckFailed, DmlOptError, InputError, UsageError, printable, printable_tree
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.inspection import inspect, to_table
 from dmlopt.jsontext import json_text
@@ -34,6 +35,7 @@ from dmlopt.pipeline import optimize, pass_options
 from dmlopt.progress import Steps, is_terminal
 from dmlopt.shapes import parse_dim, parse_shape
 from dmlopt.validate import validate
+from dmlopt.tables import format_table
 from dmlopt.version import __version__
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -162,6 +164,12 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
                    help="fix a named dynamic dimension everywhere, e.g. --dim batch=1 (repeatable)")
 
 
+def _add_dml_host_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dml-host", metavar="DIR",
+                   help=f"the real DirectML EP under Wine: a folder made by ../shared/dml-wine/setup.sh (default: "
+                        f"${dml_host.ENV_VAR}); not needed on Windows with onnxruntime-directml")
+
+
 def _shapes(args) -> tuple[dict, dict]:
     shapes, dims = {}, {}
     if not (args.shape or args.dim):
@@ -195,6 +203,7 @@ def build_parser() -> Parser:
     p.add_argument("--passes", help="comma-separated pass names (default: every pass that applies); see `dmlopt passes`")
     p.add_argument("--target", default="dml", choices=["dml", "cuda", "cpu", "webgpu"], help="deployment provider (default dml)")
     p.add_argument("--ort-version", help="ONNX Runtime version deployed on the target, e.g. 1.14 (default: newest)")
+    _add_dml_host_arg(p)
     p.add_argument("--report", metavar="PATH", help="write the report: JSON if PATH ends in .json, HTML if .html")
     p.add_argument("--no-validate", action="store_true", help="run no model: no numerics check, auto options at their "
                    "documented defaults, no re-timing (not recommended)")
@@ -224,8 +233,12 @@ def build_parser() -> Parser:
     p.add_argument("model")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--ep", choices=["dml", "webgpu"],
-                   help="placement on this provider: dml predicted from its table, webgpu measured on the EP")
-    p.add_argument("--ort-version", help="ONNX Runtime version for the placement model (default: newest)")
+                   help="placement on this provider: dml predicted from its table (and measured on a DirectML host), "
+                        "webgpu measured on the EP")
+    p.add_argument("--ort-version", help="ONNX Runtime version for the placement model (default: newest); with a "
+                   "DirectML host, the installed version run beside the prediction (default: its newest)")
+    _add_dml_host_arg(p)
+    _add_shape_args(p)
 
     p = sub.add_parser("validate", help="compare two models' outputs on ORT's CPU EP",
                        description="Run REF and CAND on the same seeded random inputs (or --inputs) and compare "
@@ -238,7 +251,11 @@ def build_parser() -> Parser:
     p.add_argument("--rtol", type=float)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ep", default="cpu", choices=["cpu", "cuda", "dml", "webgpu"],
-                   help="run CAND on this provider (REF stays on the CPU EP, the reference; default cpu)")
+                   help="run CAND on this provider too (REF stays on the CPU EP, the reference; default cpu); "
+                        "dml: the real DirectML EP (in this process on Windows, else the DirectML host)")
+    p.add_argument("--ort-version", help="--ep dml: the ONNX Runtime version of the DirectML host to run "
+                   "(default: its newest)")
+    _add_dml_host_arg(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="time a model on a provider (session creation, latency, copies)",
@@ -269,6 +286,9 @@ def build_parser() -> Parser:
     p.add_argument("--emulate", metavar="dml-VERSION",
                    help="time as DirectML of that ORT version would place the graph (e.g. dml-1.14): predicted "
                         "CPU nodes on the CPU EP, the rest on CUDA when present")
+    p.add_argument("--ort-version", help="--ep dml on a DirectML host: the ONNX Runtime version to run (default: "
+                   "its newest)")
+    _add_dml_host_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
@@ -335,7 +355,7 @@ def cmd_optimize(args) -> int:
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
     common = dict(shapes=shapes, dims=dims, passes=args.passes, target=args.target, ort_version=args.ort_version,
                   validate=not args.no_validate, inputs=args.inputs, atol=args.atol, rtol=args.rtol,
-                  progress=_progress(args))
+                  progress=_progress(args), dml_host=args.dml_host)
     result = optimize(args.model, tune=args.tune, retime=args.retime, **common, **options)
     rep = result.report
     ok = result.passed
@@ -429,10 +449,13 @@ def _add_calibrate_parser(sub) -> None:
                        description="Create a DirectML session with ORT's verbose log and profiling, run the model "
                                    "once, and compare where ORT put each node, the copies and the compiled "
                                    "partitions with dmlopt's placement table for that ORT version. Needs "
-                                   "onnxruntime-directml (Windows); elsewhere it exits 2.")
+                                   "onnxruntime-directml (Windows) or a DirectML host (--dml-host DIR, made by "
+                                   "../shared/dml-wine/setup.sh); without either it exits 2.")
     p.add_argument("model")
     p.add_argument("--ort-version", default="auto",
-                   help="placement table to compare with (default auto: the onnxruntime installed here)")
+                   help="placement table to compare with (default auto: the onnxruntime installed here; with a "
+                        "DirectML host, the installed version to run and compare, default its newest)")
+    _add_dml_host_arg(p)
     p.add_argument("-o", "--output", metavar="CALIB.json", help="write the full comparison as JSON")
     p.add_argument("--ep", default="dml", choices=["dml", "webgpu"],
                    help="the EP to calibrate against (default dml; webgpu: dmlopt's WebGPU table vs the plug-in EP)")
@@ -447,6 +470,8 @@ def cmd_calibrate(args) -> int:
         if not args.output.endswith(".json"):
             raise UsageError(f"-o {args.output}: the name must end in .json")
     shapes, dims = _shapes(args)
+    ep = (real_ep.resolve(args.dml_host, args.ort_version, what="calibrate")
+          if dml_host.configured(args.dml_host) else None)  # else in this process, as before
     model = load(args.model)
     check_input(model)
     if args.ep == "webgpu":
@@ -454,7 +479,7 @@ def cmd_calibrate(args) -> int:
         result = webgpu_placement.calibrate(model, dims=dims)
         table = webgpu_placement.calibration_table(result)
     else:
-        result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims)
+        result = calibrate.calibrate(model, ort_version=args.ort_version, shapes=shapes, dims=dims, ep=ep)
         table = None
     result["model"] = os.path.basename(args.model)
     if args.output:
@@ -473,22 +498,68 @@ def _check_report_path(report: str, protected: dict[str, str]) -> None:
 
 
 def cmd_inspect(args) -> int:
-    info = inspect(args.model, ep=args.ep, ort_version=args.ort_version)
-    print(json_text(info) if args.json else to_table(info))
+    real = None
+    if args.ep == "dml":
+        real = real_ep.resolve(args.dml_host, args.ort_version, other_version_ok=True)
+    elif args.dml_host:
+        raise UsageError("--dml-host runs the real DirectML EP beside the prediction: add --ep dml")
+    info = inspect(args.model, ep=args.ep, ort_version=args.ort_version or (real.version if real else None))
+    if args.ep == "dml":
+        if real is None:
+            info["placement_actual"] = {"measured": False, "why": real_ep.unavailable("the actual placement")}
+        else:
+            shapes, dims = _shapes(args)
+            info["placement_actual"] = {"measured": True, **real_ep.placement(load(args.model), real,
+                                                                               shapes=shapes, dims=dims)}
+    print(json_text(info) if args.json else to_table(info) + _actual_placement_text(info))
     return EXIT_OK
+
+
+def _actual_placement_text(info) -> str:
+    """The real EP's placement beside the prediction, each labelled."""
+    actual = info.get("placement_actual")
+    if actual is None:
+        return ""
+    if not actual["measured"]:
+        return f"\n\nactual placement: not measured ({actual['why']})"
+    p = info["placement"]
+    rows = [("", f"predicted (table {p['ort_version']})", f"actual (real EP, ORT {actual['host']['ort_version']})"),
+            ("nodes on CPU", len(p["cpu_nodes"]), actual["cpu_nodes"]),
+            ("copies (Memcpy)", p["memcpy"]["count"], actual["copies"]),
+            ("compiled DML partitions", p["partitions"]["count"],
+             "?" if actual["partitions"] is None else actual["partitions"])]
+    return ("\n\n" + real_ep.host_line(actual["host"]) + "\n" + format_table(rows) + "\n"
+            + real_ep.placement_line(actual))
 
 
 def cmd_validate(args) -> int:
     shapes, dims = _shapes(args)
+    real = None
+    if args.ep == "dml":
+        real = real_ep.resolve(args.dml_host, args.ort_version, required=True, what="validate --ep dml")
+    elif args.dml_host or args.ort_version:
+        raise UsageError("--dml-host and --ort-version choose the real DirectML EP: add --ep dml")
     ref, cand = load(args.ref), load(args.cand)
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
     check_input(cand, args.cand)
     v = validate(ref, cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
-                 rtol=args.rtol, seed=args.seed, ep=runtime.resolve_ep(args.ep))
+                 rtol=args.rtol, seed=args.seed, ep="cpu" if args.ep == "dml" else runtime.resolve_ep(args.ep))
     # the table with output names escaped (a name must not forge a line); the JSON keeps them
     shown = dataclasses.replace(v, outputs=[dataclasses.replace(o, name=printable(o.name)) for o in v.outputs])
-    print(json_text(v.to_dict()) if args.json else shown.to_table())
-    return EXIT_OK if v.passed else EXIT_CHECK
+    if real is None:
+        print(json_text(v.to_dict()) if args.json else shown.to_table())
+        return EXIT_OK if v.passed else EXIT_CHECK
+    on_dml = real_ep.validate_real(ref, cand, real, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
+                                   rtol=args.rtol, seed=args.seed)
+    passed = v.passed and on_dml["passed"]
+    if args.json:
+        print(json_text({"passed": passed, "cpu": v.to_dict(), "dml": on_dml}))
+    else:
+        print(f"{'passed' if passed else 'FAILED'}: CAND against REF on the CPU EP "
+              f"({'passed' if v.passed else 'FAILED'}) and on the real DirectML EP "
+              f"({'passed' if on_dml['passed'] else 'FAILED'})\n\nCPU EP:\n{shown.to_table()}\n\n"
+              f"{real_ep.validation_table(printable_tree(on_dml))}")
+    return EXIT_OK if passed else EXIT_CHECK
 
 
 def cmd_bench(args) -> int:
@@ -511,6 +582,10 @@ def cmd_bench(args) -> int:
                                   shapes=shapes, dims=dims, progress=progress)
         print(json_text(out) if args.json else bench.to_table(out))
         return EXIT_OK
+    if args.ep == "dml" and (dml_host.configured(args.dml_host) or not runtime.has_target("dml")):
+        return _bench_real_dml(args, shapes, dims)
+    if args.dml_host or args.ort_version:
+        raise UsageError("--dml-host and --ort-version run the real DirectML EP under Wine: add --ep dml")
     target = runtime.resolve_ep(args.ep)
     if args.cuda_graph and target != "cuda":
         raise UsageError(f"--cuda-graph applies to the CUDA EP (--ep cuda), not {target}")
@@ -532,6 +607,21 @@ def cmd_bench(args) -> int:
         # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
         raise InputError(f"{e} ({graph_capture_readiness(model, 'cuda').line()})") from e
     print(json_text(out) if args.json else bench.to_table(out, profile=args.profile))
+    return EXIT_OK
+
+
+def _bench_real_dml(args, shapes, dims) -> int:
+    """bench --ep dml on the Wine host: one model, one process; the report names the device."""
+    ep = real_ep.resolve(args.dml_host, args.ort_version, required=True, what="bench --ep dml")
+    refused = [flag for flag, on in (("--compare", args.compare), ("--tune-ep", args.tune_ep),
+                                     ("--profile", args.profile), ("--cuda-graph", args.cuda_graph),
+                                     ("--provider-option", args.provider_option),
+                                     ("--disable-metacommands", args.disable_metacommands)) if on]
+    if refused:
+        raise UsageError(f"{refused[0]} is not available with the DirectML host under Wine (one model per "
+                         "process; its times are software rendering, no basis for comparing or tuning)")
+    out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims)
+    print(json_text(out) if args.json else real_ep.time_table(printable_tree(out)))
     return EXIT_OK
 
 

@@ -350,7 +350,7 @@ def _validation_section(r: dict[str, Any]) -> str:
     return (f'<section><h2>Validation</h2><p class="note">Original vs optimized on the ORT CPU EP, inputs '
             f'{esc(inputs)}{esc(seed)}.</p>{broken}'
             + _table(("output", "dtype", "shape", "max abs", "max rel", "cosine", "tolerance", "result"), rows,
-                     table_id="validation", numeric_cols={3, 4, 5}) + _webgpu_part(v) + _fp16_repair_part(r)
+                     table_id="validation", numeric_cols={3, 4, 5}) + _webgpu_part(v) + _fp16_repair_part(r) + _real_ep_part(r)
             + "</section>")
 
 
@@ -365,6 +365,28 @@ def _webgpu_part(v: dict[str, Any]) -> str:
     verdict = "passed" if on_ep["passed"] else "<b>FAILED</b>"
     return (f'<p class="note">On the WebGPU EP ({esc(on_ep["adapter"])}): {verdict}: {esc(on_ep["verdict"])} '
             f'(max abs {_sci(worst)}).</p>')
+
+
+def _real_ep_part(r: dict[str, Any]) -> str:
+    """The output on the real DirectML EP (--target dml), named by its host, or why it did not run."""
+    real = r.get("real_ep")
+    if not real:
+        return ""
+    if real.get("passed") is None:
+        return f'<h3>On the real DirectML EP</h3><p class="note">Not run: {esc(real.get("skipped", ""))}</p>'
+    h = real["host"]
+    where = "in this process" if h.get("host") == "in-process" else f"under Wine on {h.get('vulkan_device')}"
+    note = f" <b>{esc(h['note'])}</b>" if h.get("note") else ""
+    p = real.get("placement") or {}
+    rows = [_Row((esc(o["name"]), _sci(o["max_abs"]), _sci(o["max_rel"]), f"{o['cosine']:.6f}",
+                  "ok" if o["passed"] else esc(f"FAIL {o.get('reason', '')}")), "" if o["passed"] else "fail")
+            for o in real.get("outputs", [])]
+    return (f'<h3>On the real DirectML EP ({"passed" if real["passed"] else "FAILED"})</h3><p class="note">'
+            f'ONNX Runtime {esc(h.get("ort_version"))}, DirectML.dll {esc(h.get("directml_dll"))}, {esc(where)}.'
+            f'{note} Optimized model on DirectML vs original on the CPU EP; {esc(p.get("cpu_nodes"))} CPU nodes, '
+            f'{esc(p.get("copies"))} copies, {esc(p.get("partitions"))} compiled partitions.</p>'
+            + _table(("output", "max abs", "max rel", "cosine", "result"), rows, table_id="validation-real-ep",
+                     numeric_cols={1, 2, 3}))
 
 
 def _fp16_repair_part(r: dict[str, Any]) -> str:

@@ -30,13 +30,14 @@ from dmlopt.target import Target
 from dmlopt.targets.webgpu import kernels as webgpu_kernels
 from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt.targets.webgpu import validation as webgpu_validation
+from dmlopt.targets.dml import real_ep
 from dmlopt.validate import validate as run_validation
 
 # Names pass options must not take: optimize()'s own keywords and the CLI's own flags (python spelling).
 ENGINE_KEYWORDS = frozenset({
     "model", "shapes", "dims", "passes", "target", "ort_version", "validate", "tune", "inputs", "atol", "rtol",
     "progress", "retime", "options", "output", "shape", "dim", "report", "no_validate", "no_time", "force",
-    "no_session_config", "json", "quiet", "version", "overwrite_input_shape", "fp32_sibling"})
+    "no_session_config", "json", "quiet", "version", "overwrite_input_shape", "fp32_sibling", "dml_host"})
 
 
 @dataclasses.dataclass
@@ -48,7 +49,9 @@ class Result:
 
     @property
     def passed(self) -> bool:
-        return self.report.validation is None or self.report.validation.get("passed", False)
+        real = self.report.real_ep or {}
+        return (self.report.validation is None or self.report.validation.get("passed", False)) \
+            and real.get("passed") is not False
 
 
 def pass_options() -> dict[str, tuple[type[DmlPass], Option]]:
@@ -146,7 +149,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
              target: str = "dml", ort_version: str | None = None, validate: bool = True,
              tune: bool = False, inputs=None, atol: float | None = None, rtol: float | None = None,
              progress: Callable[[str], None] | None = None, retime: bool | None = None,
-             **options: Any) -> Result:
+             dml_host: str | os.PathLike | None = None, **options: Any) -> Result:
     """Rewrite `model` for `target` and validate it against the input.
 
     `passes` names the passes to run (default: every pass that applies).  Pass options
@@ -154,8 +157,12 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     The input model is never changed: the pipeline works on a copy.
     `retime`: time before/after on the target (report.timing); None (default) does so
     when the target's provider is on this machine, True requires it, False skips it.
+    `dml_host`: the Wine host folder (else DMLOPT_DML_HOST) where the output is validated on the
+    real DirectML EP too, for --target dml (real_ep; in this process on Windows).
     """
     resolved = Target.resolve(target, ort_version)  # once: every pass, tuning and the session config read it
+    real = (real_ep.resolve(dml_host, ort_version, other_version_ok=True)
+            if target == "dml" and validate else None)  # before any work: a missing version is exit 2
     tuning.require_validation(tune, validate)
     if tune or retime:
         tuning.require_target(target, tuning=tune)  # before any work: exit 2 naming the providers present
@@ -224,6 +231,9 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
                 return out
         elif resolved.ep == "webgpu":
             rep.validation = {**rep.validation, "webgpu": {"skipped": runtime.webgpu_missing()}}
+        if out.passed and target == "dml":
+            rep.real_ep = _validate_real(original, out.model, real, context, inputs, rep.validation, progress,
+                                         ort_version)
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
@@ -237,6 +247,19 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     if out.passed:
         _session_recommendation(rep, work, context, tune, progress)
     return out
+
+
+def _validate_real(original: ir.Model, model: ir.Model, real, context: PassContext, inputs, validation,
+                   progress=None, ort_version: str | None = None) -> dict:
+    """The output on the real DirectML EP against the input on the CPU EP, with the tolerances the
+    CPU validation used; without a real EP, why not and how to get one."""
+    if real is None:
+        return {"passed": None, "skipped": real_ep.why_not(ort_version, "validation on the real DirectML EP")}
+    if progress:
+        progress(f"validate on the real DirectML EP (ORT {real.version})")
+    per_output = {o["name"]: (o["atol"], o["rtol"]) for o in validation["outputs"]}
+    return real_ep.validate_real(original, model, real, shapes=context.shapes, dims=context.dims, inputs=inputs,
+                                 per_output=per_output)
 
 
 def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: bool, progress=None) -> None:

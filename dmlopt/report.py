@@ -14,6 +14,9 @@ The JSON schema (documented in README.md, key names are stable):
            precision it names), then {pass: "pipeline", option: "result", choice: tuned|default|input}:
            the final comparison of the tuned output, the untuned default output and (--tune) the input
   validation {passed, inputs, seed, outputs [{name, max_abs, max_rel, cosine, ...}]}
+  real_ep      --target dml: the output on the real DirectML EP against the input on the CPU EP,
+               {passed, host {ort_version, directml_dll, vulkan_device, software, note}, outputs [...],
+               placement {cpu_nodes, copies, partitions, ...}}, or {passed: null, skipped: why}
   broken_by    first pass that broke numerics (when validation failed)
   fp16_repair  {passed, validation_runs, max_runs, kept [{node, op, found_by, detail, max_abs}],
                float16_nodes, reason, note} when float16 failed validation and the repair ran
@@ -38,6 +41,7 @@ import onnx_ir as ir
 from dmlopt import html_report
 from dmlopt.errors import UsageError, printable, printable_tree
 from dmlopt.graph_check import describe_values, op_counts
+from dmlopt.targets.dml import real_ep
 from dmlopt.jsontext import json_text
 from dmlopt.model import initializer_bytes, write_text
 from dmlopt.tables import format_table
@@ -54,6 +58,7 @@ class Report:
     passes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     choices: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     validation: dict[str, Any] | None = None
+    real_ep: dict[str, Any] | None = None
     broken_by: str | None = None
     fp16_repair: dict[str, Any] | None = None
     timing: dict[str, Any] | None = None
@@ -142,6 +147,8 @@ class Report:
             parts.append(_fp16_repair_text(printable_tree(self.fp16_repair)))
         if validation is not None:
             parts.append(_validation_table(validation))
+            if self.real_ep is not None:
+                parts.append(real_ep.report_text(printable_tree(self.real_ep)))
             if self.broken_by:
                 parts.append(f"first failing pass: {self.broken_by}")
         if self.timing:

@@ -66,7 +66,8 @@ def require_target(target: str, *, tuning: bool = True) -> None:
         raise ProviderError(
             f"--tune needs the {runtime.PROVIDERS[target]} on this machine; providers present: "
             f"{', '.join(runtime.available_providers())} (run --tune on the target machine, or pick --target "
-            f"from the providers present)")
+            f"from the providers present)"
+            + ("; a DirectML host under Wine is not used: its software timings never choose" if target == "dml" else ""))
 
 
 def require_validation(tune: bool, validate: bool) -> None:

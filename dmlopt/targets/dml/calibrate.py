@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 from dmlopt import runtime, scratch
 
-from dmlopt.targets.dml import ort_log
+from dmlopt.targets.dml import host, ort_log, real_ep
 from dmlopt.targets.dml import placement as placement_mod
 from dmlopt.errors import ProviderError
 from dmlopt.jsontext import json_text
@@ -36,6 +36,7 @@ CPU = runtime.PROVIDERS["cpu"]
 # Placement is decided after ORT's level-1 rewrites (which the placement model replays) and before
 # level 2/3, whose fusions rename nodes; basic keeps the placement and the model's node names.
 LEVEL = "ORT_ENABLE_BASIC"
+LEVEL_NAME = "basic"  # the same level, as onnxruntime-node names it
 NOT_LISTED = "inside a compiled DirectML partition, or folded, fused or renamed by ORT"
 
 
@@ -44,13 +45,16 @@ def installed_version() -> str:
 
 
 def calibrate(model: ir.Model, *, ort_version: str | None = "auto", target: str = "dml", shapes=None, dims=None,
-              feeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              feeds: Mapping[str, Any] | None = None, ep: real_ep.RealEP | None = None) -> dict[str, Any]:
     """Run `model` on `target` (DirectML; the CPU EP stands in for tests) and compare with the
-    placement predicted for `ort_version` ("auto": the onnxruntime installed here)."""
+    placement predicted for `ort_version` ("auto": the onnxruntime installed here).  `ep`: a
+    Wine host (real_ep.resolve) runs it instead, and its ORT version is the one compared."""
+    if ep is not None and ep.host is not None:
+        return calibrate_on_host(model, ep, shapes=shapes, dims=dims, feeds=feeds)
     if target == "dml" and not runtime.has_target("dml"):
         raise ProviderError("DirectML is missing: this onnxruntime has no DmlExecutionProvider (providers: "
                             f"{', '.join(runtime.available_providers())}); calibrate runs on Windows with "
-                            "onnxruntime-directml")
+                            f"onnxruntime-directml; {host.HOW_TO}")
     installed = installed_version()
     version = installed if ort_version in (None, "auto") else ort_version
     prepared = placement_mod.prepare(model)  # one copy serves the prediction and the comparison
@@ -61,6 +65,30 @@ def calibrate(model: ir.Model, *, ort_version: str | None = "auto", target: str 
                      prepared=prepared)
     result.update({"ort_installed": installed, "ort_version_asked": version, "provider": observed["providers"][0],
                    "stand_in": None if target == "dml" else f"{runtime.PROVIDERS[target]} stood in for DirectML"})
+    return result
+
+
+def calibrate_on_host(model: ir.Model, ep: real_ep.RealEP, *, shapes=None, dims=None,
+                      feeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The same comparison from one run on the Wine host (its log; the bindings there write no
+    profile before ORT 1.24, and the log lists every node anyway: the probe node makes it)."""
+    prepared = placement_mod.prepare(model)
+    predicted = placement_mod.predict(model, ort_version=ep.version, prepared=prepared)
+    if feeds is None:
+        feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims))
+    observed = ep.run(model, feeds, level=LEVEL_NAME)
+    actual = actual_placement(observed.log, [])
+    if not actual["log_has_placements"]:
+        raise ProviderError(f"the DirectML host's log (ORT {ep.version}) has no node placement: nothing to compare")
+    actual["by_node"].pop(host.PROBE_NODE, None)
+    actual["ops"].pop(host.PROBE_NODE, None)
+    for entry in actual["placements"].values():
+        kept = [n for n in entry["nodes"] if n["name"] != host.PROBE_NODE]
+        entry["count"] -= len(entry["nodes"]) - len(kept)
+        entry["nodes"] = kept
+    result = compare(model, predicted.to_dict(), actual, gpu_provider=runtime.PROVIDERS["dml"], prepared=prepared)
+    result.update({"ort_installed": ep.version, "ort_version_asked": ep.version, "provider": "DmlExecutionProvider",
+                   "stand_in": None, "host": observed.host})
     return result
 
 
@@ -165,7 +193,10 @@ def to_table(result: Mapping[str, Any], *, limit: int = 40) -> str:
             f"{result.get('ort_installed', '?')}), predicted with {result['data_source']}")
     if result.get("stand_in"):
         head += f"  [{result['stand_in']}]"
-    lines = [head, ""]
+    lines = [head]
+    if result.get("host"):
+        lines.append(real_ep.host_line(result["host"]))
+    lines.append("")
     rows = [("", "predicted", "actual"),
             ("nodes on CPU", s["cpu_predicted"], s["cpu_actual"]),
             ("copies (Memcpy)", s["copies_predicted"], s["copies_actual"]),

@@ -1,0 +1,340 @@
+"""The real DirectML EP away from Windows: a host folder made by ../shared/dml-wine/setup.sh.
+
+Why: dmlopt's promise ("validated and re-timed on DirectML") needs the real DmlExecutionProvider.
+On Windows it is onnxruntime-directml in this process; elsewhere it is the Windows build of ONNX
+Runtime (onnxruntime-node, which ships DirectML.dll) run by Windows node.exe under Wine, on vkd3d
+and whatever Vulkan device the machine has (lavapipe when there is no GPU).  The folder is found
+through ``--dml-host DIR`` or ``DMLOPT_DML_HOST=DIR``; it holds one ``ort-<version>/`` per ORT
+version.
+
+Each call runs one model in one child process (every DirectML session under lavapipe holds GBs of
+shared memory until its process ends), under ``timeout``; tensors go through .npy files and the
+result through a JSON file (Windows node.exe under Wine cannot write to a pipe), ORT's verbose log
+to a file that ``ort_log`` reads.  A host that is absent or broken is a ProviderError (exit 2)
+naming what is missing, never a hang or a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from typing import Any, Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from dmlopt import scratch
+from dmlopt.errors import InputError, ProviderError, UsageError
+from dmlopt.targets.dml import ort_log
+
+__all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_host", "placement_summary"]
+
+ENV_VAR = "DMLOPT_DML_HOST"
+TIMEOUT_VAR = "DMLOPT_DML_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600
+HOW_TO = ("to run the real DirectML EP here, make a host folder with `bash ../shared/dml-wine/setup.sh DIR` "
+          f"and pass --dml-host DIR (or set {ENV_VAR}=DIR)")
+SOFTWARE_NOTE = "software rendering: not GPU speed"
+RUNNER = pathlib.Path(__file__).with_name("runner.js")
+PROBE = pathlib.Path(__file__).with_name("vulkan_probe.py")
+TOOLS = ("wine", "xvfb-run", "timeout")
+FILES = ("node.exe", "d3d12.dll", "libvkd3d-1.dll", "libvkd3d-shader-1.dll")
+VERSION_DIR = re.compile(r"^ort-(\d+\.\d+\.\d+)$")
+# A disconnected node only the CPU EP runs: with it ORT lists every node by name ("All nodes placed
+# on [EP]" lists none), compiled DirectML partitions (DmlFusedNode_*) included.  Not counted.
+PROBE_NODE = "dmlopt_probe"
+PROBE_OPSET = 10  # StringNormalizer
+
+
+def configured(flag: str | os.PathLike | None = None) -> str | None:
+    """The host folder asked for: the flag, else the environment variable, else None."""
+    value = os.fspath(flag) if flag else os.environ.get(ENV_VAR, "")
+    return value or None
+
+
+def find(flag: str | os.PathLike | None = None) -> "Host | None":
+    """The host when one is configured (checked: a broken one is an error), else None."""
+    folder = configured(flag)
+    return None if folder is None else open_host(folder)
+
+
+def open_host(folder: str | os.PathLike) -> "Host":
+    root = pathlib.Path(folder).expanduser()
+    where = f"the DirectML host {os.fspath(folder)!r}"
+    if not root.is_dir():
+        raise ProviderError(f"{where} is not a folder; {HOW_TO}")
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    missing += [f for f in FILES if not (root / f).is_file()]
+    if not (root / "prefix").is_dir():
+        missing.append("prefix/ (the Wine prefix)")
+    versions = versions_in(root)
+    if not versions:
+        missing.append("ort-<version>/ (no ONNX Runtime installed)")
+    if missing:
+        raise ProviderError(f"{where} is incomplete: missing {', '.join(missing)} (re-run `bash "
+                            f"../shared/dml-wine/setup.sh {os.fspath(folder)}`)")
+    return Host(root.resolve(), tuple(versions))
+
+
+def versions_in(root: pathlib.Path) -> list[str]:
+    found = []
+    for entry in root.iterdir() if root.is_dir() else ():
+        m = VERSION_DIR.match(entry.name)
+        if m and (entry / "node_modules" / "onnxruntime-node" / "package.json").is_file():
+            found.append(m.group(1))
+    return sorted(found, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def windows_path(path: str | os.PathLike) -> str:
+    """Wine's Z: drive maps the Linux root."""
+    return "Z:" + os.fspath(path).replace("/", "\\")
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    root: pathlib.Path
+    versions: tuple[str, ...]
+
+    def choose(self, asked: str | None) -> str:
+        """The installed version asked for (exact, or the newest patch of MAJOR.MINOR); None or
+        'auto': the newest installed.  Anything else: exit 2 naming the installed ones."""
+        if asked in (None, "", "auto"):
+            return self.versions[-1]
+        if asked in self.versions:
+            return asked
+        same = [v for v in self.versions if v.startswith(asked + ".")] if asked.count(".") == 1 else []
+        if same:
+            return same[-1]
+        raise UsageError(f"ONNX Runtime {asked} is not installed in the DirectML host {self.root}; installed: "
+                         f"{', '.join(self.versions)} (add it: bash ../shared/dml-wine/setup.sh {self.root} "
+                         f"{asked})")
+
+    def package(self, version: str) -> pathlib.Path:
+        return self.root / f"ort-{version}" / "node_modules" / "onnxruntime-node"
+
+    def describe(self, version: str) -> dict[str, Any]:
+        """What a report names: ORT version, DirectML.dll version, Vulkan device, software or not."""
+        return describe(self.root, self.package(version), version)
+
+    def run(self, model: ir.Model, feeds: Mapping[str, np.ndarray], version: str, *, level: str = "all",
+            fusion: bool = True, list_nodes: bool = True, warmup: int = 0, runs: int = 1,
+            timeout: float | None = None) -> "HostRun":
+        """Run `model` once per warm-up and timed run on the real DirectML EP of ORT `version`."""
+        return run(self, model, feeds, version, level=level, fusion=fusion, list_nodes=list_nodes,
+                   warmup=warmup, runs=runs, timeout=timeout)
+
+
+@functools.lru_cache(maxsize=None)
+def describe(root: pathlib.Path, package: pathlib.Path, version: str) -> dict[str, Any]:
+    dll = next(iter(sorted(package.glob("bin/*/win32/x64/DirectML.dll"))), None)
+    devices = vulkan_devices()
+    first = devices[0] if devices else None
+    software = bool(first) and first["type"] == "cpu"
+    return {"host": "wine", "folder": str(root), "ort_version": version,
+            "directml_dll": dll_version(dll) if dll else "missing",
+            "vulkan_device": first["name"] if first else "unknown (no Vulkan device found)",
+            "software": software, "note": SOFTWARE_NOTE if software else None}
+
+
+def dll_version(path: pathlib.Path) -> str:
+    """The file version of a Windows DLL (VS_FIXEDFILEINFO), else its size and hash."""
+    data = path.read_bytes()
+    at = data.find(b"\xbd\x04\xef\xfe")
+    if at >= 0 and at + 16 <= len(data):
+        ms, ls = struct.unpack_from("<II", data, at + 8)
+        return f"{ms >> 16}.{ms & 0xFFFF}.{ls >> 16}.{ls & 0xFFFF}"
+    return f"unversioned ({len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:12]})"
+
+
+@functools.lru_cache(maxsize=1)
+def vulkan_devices() -> tuple[dict[str, str], ...]:
+    try:
+        done = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+        found = json.loads(done.stdout or "{}").get("devices", [])
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return ()
+    return tuple({"name": str(d.get("name", "?")), "type": str(d.get("type", "?"))} for d in found)
+
+
+@dataclasses.dataclass
+class HostRun:
+    outputs: dict[str, np.ndarray]
+    session_ms: float
+    warmup_ms: list[float]
+    run_ms: list[float]
+    log: str
+    placement: dict[str, Any]
+    host: dict[str, Any]
+
+    @property
+    def nodes(self) -> list[dict[str, str]]:
+        """Every node ORT listed, with its provider: {op, name, provider} (the probe left out)."""
+        return [{**n, "provider": provider} for provider, entry in ort_log.parse_placements(self.log).items()
+                for n in entry["nodes"] if n["name"] != PROBE_NODE]
+
+
+def timeout_s(timeout: float | None) -> float:
+    if timeout is not None:
+        return float(timeout)
+    text = os.environ.get(TIMEOUT_VAR, "")
+    try:
+        return float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise UsageError(f"{TIMEOUT_VAR}={text!r} is not a number of seconds") from None
+
+
+def with_probe(model: ir.Model) -> ir.Model | None:
+    """A shallow copy of `model` with the disconnected CPU-only probe node (None: opset too old)."""
+    if model.opset_imports.get("", 0) < PROBE_OPSET:
+        return None
+    copy = model.clone()
+    graph = copy.graph
+    taken = {v.name for v in graph.inputs} | {v.name for v in graph.outputs} | {n.name for n in graph}
+    if {f"{PROBE_NODE}_in", f"{PROBE_NODE}_out", PROBE_NODE} & taken:
+        return None
+    source = ir.Value(name=f"{PROBE_NODE}_in", type=ir.TensorType(ir.DataType.STRING), shape=ir.Shape([1]))
+    node = ir.Node("", "StringNormalizer", [source], name=PROBE_NODE)
+    node.outputs[0].name = f"{PROBE_NODE}_out"
+    node.outputs[0].type, node.outputs[0].shape = ir.TensorType(ir.DataType.STRING), ir.Shape([1])
+    graph.inputs.append(source)
+    graph.append(node)
+    graph.outputs.append(node.outputs[0])
+    return copy
+
+
+def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: str, *, level: str = "all",
+        fusion: bool = True, list_nodes: bool = True, warmup: int = 0, runs: int = 1,
+        timeout: float | None = None) -> HostRun:
+    limit = timeout_s(timeout)
+    probed = with_probe(model) if list_nodes else None
+    with scratch.folder("dmlopt-dmlhost-") as tmp:
+        (tmp / "out").mkdir()
+        path = tmp / "model.onnx"
+        ir.save(probed or model, path, external_data="model.onnx.data" if _needs_external(model) else None)
+        inputs = {}
+        for i, (name, value) in enumerate(feeds.items()):
+            file = tmp / f"in{i}.npy"
+            np.save(file, np.ascontiguousarray(value), allow_pickle=False)
+            inputs[name] = windows_path(file)
+        job = {"ort": windows_path(host.package(version)), "model": windows_path(path), "inputs": inputs,
+               "strings": {f"{PROBE_NODE}_in": [1]} if probed is not None else {},
+               "outputs_dir": windows_path(tmp / "out"), "result": windows_path(tmp / "result.json"),
+               "session": {"optLevel": level, "disableFusion": not fusion, "verbose": True},
+               "warmup": int(warmup), "runs": int(runs)}
+        (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        log_path = tmp / "log.txt"
+        rc = _launch(host, version, tmp / "job.json", log_path, limit)
+        log = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
+        result = _read_result(tmp / "result.json")
+        if rc in (124, 137) or rc < 0:
+            raise ProviderError(f"the DirectML host (ORT {version}) did not finish within {limit:g} s "
+                                f"(set {TIMEOUT_VAR}=SECONDS for a larger model; under lavapipe a big model "
+                                "takes minutes)")
+        if result is None or not result.get("ok"):
+            reason = (result or {}).get("error") or _failure_line(log) or f"exit status {rc}, no result"
+            if "for float16 tensors" in reason:  # onnxruntime-node 1.17's binding: no float16 in or out
+                reason = (f"onnxruntime-node {version} cannot pass float16 tensors in or out of a session; keep "
+                          "float32 inputs and outputs (optimize --fp16 keeps them by default) or use ORT 1.19 or "
+                          f"newer ({reason})")
+            raise InputError(f"the real DirectML EP (ORT {version}, {host.root}) failed: {reason}")
+        outputs = {}
+        for entry in result["outputs"]:
+            file = tmp / "out" / os.path.basename(str(entry["file"]).replace("\\", "/"))
+            outputs[str(entry["name"])] = np.load(file, allow_pickle=False)
+    return HostRun(outputs=outputs, session_ms=float(result["session_ms"]),
+                   warmup_ms=[float(t) for t in result["warmup_ms"]], run_ms=[float(t) for t in result["run_ms"]],
+                   log=log, placement=placement_summary(log), host=host.describe(version))
+
+
+def _needs_external(model: ir.Model) -> bool:
+    total = sum(v.const_value.nbytes for g in model.graphs() for v in g.initializers.values()
+                if v.const_value is not None)
+    return total > 2**30
+
+
+def environment(host: Host, version: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"WINEPREFIX": str(host.root / "prefix"), "WINEDLLOVERRIDES": "mscoree,mshtml=;winedbg.exe=d;d3d12=n",
+                "WINEDEBUG": env.get("WINEDEBUG", "err+all,fixme-all"), "VKD3D_DEBUG": env.get("VKD3D_DEBUG", "err"),
+                "VKD3D_SHADER_DEBUG": env.get("VKD3D_SHADER_DEBUG", "err"),
+                # ORT 1.31's telemetry (WinHTTP + SQLite) deadlocks the first session under Wine.
+                "ORT_DISABLE_TELEMETRY": "1"})
+    env.pop("DISPLAY", None)  # xvfb-run gives Wine its own X display
+    return env
+
+
+def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path, limit: float) -> int:
+    command = ["timeout", "-k", "10", f"{limit:g}", "xvfb-run", "-a", "wine", str(host.root / "node.exe"),
+               windows_path(RUNNER), windows_path(job)]
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=environment(host, version), start_new_session=True)
+        except OSError as e:
+            raise ProviderError(f"cannot start the DirectML host: {e}") from e
+        try:
+            return proc.wait(timeout=limit + 30)
+        except BaseException:  # a hang past timeout's own kill, or an interrupt: end the whole group
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+            raise
+
+
+def _read_result(path: pathlib.Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+FAILURE = re.compile(r"\[E:onnxruntime[^\]]*\]\s*(.*)|(page fault.*)|(Unhandled exception.*)|"
+                     r"(Failed to create DXGI factory.*)|(cannot open display.*)|(command not found.*)")
+
+
+def _failure_line(log: str) -> str | None:
+    for line in log.splitlines():
+        m = FAILURE.search(line)
+        if m:
+            return next(g for g in m.groups() if g).strip()[:300]
+    return None
+
+
+def placement_summary(log: str) -> dict[str, Any]:
+    """CPU nodes, copies and compiled partitions from one DirectML session's verbose log; DirectML
+    nodes outside any compiled partition (a graph with dynamic shapes compiles none) are
+    `dml_standalone`.
+
+    The probe node is left out.  `listed` is False when ORT listed no node by name ("All nodes
+    placed on [EP]"): then the partition count is unknown (None)."""
+    placements = ort_log.parse_placements(log)
+    dml = placements.get("DmlExecutionProvider", {"count": 0, "all": False, "nodes": []})
+    cpu = placements.get("CPUExecutionProvider", {"count": 0, "all": False, "nodes": []})
+    cpu_nodes = [n for n in cpu["nodes"] if n["name"] != PROBE_NODE and n["op"] not in ort_log.COPY_OPS]
+    probe = any(n["name"] == PROBE_NODE for n in cpu["nodes"])
+    listed_copies = sum(1 for e in placements.values() for n in e["nodes"] if n["op"] in ort_log.COPY_OPS)
+    copies = max(listed_copies, len(ort_log.parse_copies(log)))
+    fused = sorted({n["name"] for n in dml["nodes"] if n["op"].startswith(ort_log.FUSED_PREFIXES)})
+    listed = bool(dml["nodes"]) or dml["count"] == 0
+    ops: dict[str, int] = {}
+    for n in cpu_nodes:
+        ops[n["op"]] = ops.get(n["op"], 0) + 1
+    dml_copies = sum(1 for n in dml["nodes"] if n["op"] in ort_log.COPY_OPS)
+    standalone = dml["count"] - len(fused) - dml_copies if listed else None
+    return {"found": bool(placements), "dml_nodes": dml["count"], "dml_standalone": standalone, "cpu_nodes": len(cpu_nodes) if cpu["nodes"] else cpu["count"] - int(probe),
+            "cpu_ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "cpu_node_names": [n["name"] for n in cpu_nodes], "copies": copies,
+            "partitions": len(fused) if listed else None, "fused_partitions": fused, "listed": listed}
