@@ -19,12 +19,13 @@ import sys
 import threading
 from typing import Iterator, Sequence
 
-from dmlopt import bench, demo, runtime, scratch, session_config
+from dmlopt import arg_types, bench, demo, outputs, runtime, scratch, session_config
 
 from dmlopt.targets.dml import calibrate, emulate
 from dmlopt import report as report_mod
 from dmlopt.errors import DmlOptError, InputError, UsageError, printable
 from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.inputs_file import read_npz
 from dmlopt.inspection import inspect, to_table
 from dmlopt.jsontext import json_text
 from dmlopt.model import check_destination, check_input, load, protected_paths, save
@@ -202,8 +203,8 @@ def build_parser() -> Parser:
     p.add_argument("--force", action="store_true", help="write the output even if validation fails (the report says so)")
     p.add_argument("--tune", action="store_true", help="measure pass variants on the target provider (must be present)")
     p.add_argument("--inputs", metavar="FILE.npz", help="inputs for validation instead of seeded random ones")
-    p.add_argument("--atol", type=float, help="absolute tolerance for validation (default by dtype)")
-    p.add_argument("--rtol", type=float, help="tolerance relative to the output's magnitude (default by dtype)")
+    p.add_argument("--atol", type=arg_types.tolerance, help="absolute tolerance for validation (default by dtype)")
+    p.add_argument("--rtol", type=arg_types.tolerance, help="tolerance relative to the output's magnitude (default by dtype)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     _add_session_config_args(p)
@@ -216,7 +217,7 @@ def build_parser() -> Parser:
             p.add_argument(opt.flag, dest=f"opt_{name}", action=argparse.BooleanOptionalAction, default=None,
                            help=f"[{cls.name}] {opt.help} (default: {'on' if opt.default else 'off'})")
             continue
-        p.add_argument(opt.flag, dest=f"opt_{name}", choices=opt.choices, type=opt.type, default=None,
+        p.add_argument(opt.flag, dest=f"opt_{name}", choices=opt.choices, type=arg_types.checked(opt.type), default=None,
                        help=f"[{cls.name}] {opt.help} (default: {opt.default})")
 
     p = sub.add_parser("inspect", help="inputs, outputs, op histogram and what the passes would look at")
@@ -232,9 +233,11 @@ def build_parser() -> Parser:
     p.add_argument("cand")
     _add_shape_args(p)
     p.add_argument("--inputs", metavar="FILE.npz")
-    p.add_argument("--atol", type=float)
-    p.add_argument("--rtol", type=float)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--atol", type=arg_types.tolerance)
+    p.add_argument("--rtol", type=arg_types.tolerance)
+    p.add_argument("--seed", type=arg_types.integer(0, arg_types.SEED_MAX), default=0)
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="an output with no finite value passes if both hold the same NaN/inf in the same places")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="time a model on a provider (session creation, latency, copies)",
@@ -244,8 +247,8 @@ def build_parser() -> Parser:
     p.add_argument("model")
     p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu"],
                    help="provider (default auto: DirectML, else CUDA, else CPU)")
-    p.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed, profiled runs first (default 3)")
+    p.add_argument("--runs", type=arg_types.integer(1), default=20, help="timed runs (default 20)")
+    p.add_argument("--warmup", type=arg_types.integer(0), default=3, help="untimed, profiled runs first (default 3)")
     _add_shape_args(p)
     p.add_argument("--compare", metavar="OTHER", help="time OTHER in alternation with MODEL and report ratios")
     p.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
@@ -274,7 +277,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("demo", help="optimize the bundled models and show a before/after table")
     p.add_argument("-o", "--output-dir", default="dmlopt-demo", help="where to write the optimized models")
-    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--runs", type=arg_types.integer(1), default=10)
     p.add_argument("-q", "--quiet", action="store_true")
     return parser
 
@@ -319,6 +322,8 @@ def cmd_optimize(args) -> int:
         raise UsageError("give the output once: either OUT or -o OUT")
     shapes, dims = _shapes(args)
     protected = protected_paths(args.model)
+    if args.inputs:  # an input, never a destination
+        protected.setdefault(args.inputs, "the --inputs file")
     check_destination(output, protected)
     check_destination(output + ".data", protected)
     written = {**protected, output: "the output model", output + ".data": "the output model's external data"}
@@ -327,21 +332,25 @@ def cmd_optimize(args) -> int:
     report_path = {args.report: "the report"} if args.report else {}
     session_path = _session_config_target(args, output, {**written, **report_path})
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
+    inputs = read_npz(args.inputs) if args.inputs else None  # read once, before any work
     result = optimize(args.model, shapes=shapes, dims=dims, passes=args.passes, target=args.target,
                              ort_version=args.ort_version, validate=not args.no_validate, tune=args.tune,
-                             inputs=args.inputs, atol=args.atol, rtol=args.rtol, progress=_progress(args),
+                             inputs=inputs, atol=args.atol, rtol=args.rtol, progress=_progress(args),
                              retime=args.retime, **options)
     rep = result.report
     ok = result.passed
-    if ok or args.force:
-        with args.writes.writing(output, output + ".data"):
+    # One transaction: every file is staged first, then all are renamed (dmlopt.outputs).
+    with args.writes.writing(output, output + ".data", session_path, args.report), outputs.transaction():
+        if ok or args.force:
             save(result.model, output, protect=tuple(protected))
-        rep.written = os.fspath(output)
-        rep.forced = not ok
-        with args.writes.writing(session_path):
+            rep.written = os.fspath(output)
+            rep.forced = not ok
             _write_session_config(rep, output, session_path, written)
-    if args.report:
-        with args.writes.writing(args.report):
+            stale = session_config.earlier_config(output) if rep.session_config is None else None
+            if stale:  # --no-session-config: the previous model's configuration goes with it
+                outputs.put_in_place(outputs.Staged("the removal of the earlier session configuration", [],
+                                                    removals=[stale]))
+        if args.report:
             report_mod.write(rep, args.report)
     print(rep.to_json() if args.json else rep.to_table())
     if not ok:
@@ -434,11 +443,12 @@ def cmd_inspect(args) -> int:
 
 def cmd_validate(args) -> int:
     shapes, dims = _shapes(args)
+    inputs = read_npz(args.inputs) if args.inputs else None  # read once, before any work
     ref, cand = load(args.ref), load(args.cand)
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
     check_input(cand, args.cand)
-    v = validate(ref, cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
-                 rtol=args.rtol, seed=args.seed)
+    v = validate(ref, cand, shapes=shapes, dims=dims, inputs=inputs, atol=args.atol,
+                 rtol=args.rtol, seed=args.seed, allow_nonfinite=args.allow_nonfinite)
     # the table with output names escaped (a name must not forge a line); the JSON keeps them
     shown = dataclasses.replace(v, outputs=[dataclasses.replace(o, name=printable(o.name)) for o in v.outputs])
     print(json_text(v.to_dict()) if args.json else shown.to_table())
@@ -499,6 +509,8 @@ def cmd_passes(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    if os.path.lexists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise UsageError(f"-o {printable(args.output_dir)}: exists and is not a folder")
     with args.writes.writing_in(args.output_dir):
         return demo.run(output_dir=args.output_dir, runs=args.runs, quiet=args.quiet)
 

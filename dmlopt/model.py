@@ -14,14 +14,13 @@ import logging
 import os
 import pathlib
 import stat
-import tempfile
 from typing import Iterator, Union
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from dmlopt import scratch
+from dmlopt import outputs, scratch
 from dmlopt.errors import InputError, OutputError, printable
 from dmlopt.proto_stream import save_inline
 from dmlopt.shape_inference import split_initializers, tensor_bytes, weightless_proto
@@ -488,27 +487,29 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
         external_data = has_external or initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD
     elif not external_data and has_external:
         model = ir.external_data.load_to_model(model.clone())  # inline them; the caller's model is kept
-    data_moved = written = False
+    tmp = None
     try:
-        with scratch.folder(f".{dest.name}.", suffix=".tmp", parent=parent) as tmp:
-            if external_data:
-                ir.save(model, tmp / dest.name, external_data=data_name)
-                with scratch.uninterrupted():  # the flag must say whether the rename happened
-                    os.replace(tmp / data_name, parent / data_name)
-                    data_moved = True
-            elif dest.suffix.lower() == ".onnx":
-                save_inline(model, tmp / dest.name)  # ir.save's bytes, one weight serialized at a time
-            else:
-                ir.save(model, tmp / dest.name)
-            with scratch.uninterrupted():
-                os.replace(tmp / dest.name, dest)
-                written = True
+        with scratch.uninterrupted():  # an interrupt waits until the folder's name is held
+            tmp = scratch.make_folder(scratch.temp_prefix(dest.name), suffix=".tmp", parent=parent)
+        renames = []
+        if external_data:
+            ir.save(model, tmp / dest.name, external_data=data_name)
+            renames.append((tmp / data_name, parent / data_name))  # data first: a model never lacks it
+        elif dest.suffix.lower() == ".onnx":
+            save_inline(model, tmp / dest.name)  # ir.save's bytes, one weight serialized at a time
+        else:
+            ir.save(model, tmp / dest.name)
+        renames.append((tmp / dest.name, dest))
+        with scratch.uninterrupted():  # the group owns the folder from here
+            group = outputs.Staged(f"the model {dest}", [(os.fspath(a), os.fspath(b)) for a, b in renames],
+                                   folder=os.fspath(tmp))
+            tmp = None
+            outputs.put_in_place(group)  # now, or with the other outputs of the open transaction
     except OSError as e:  # the temporary folder's creation included
-        raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
+        raise OutputError(f"{printable(os.fspath(dest))}: cannot write: {e.strerror or e}") from e
     finally:
-        if data_moved and not written:  # interrupted between the two renames: no data without its model
-            with scratch.uninterrupted():
-                (parent / data_name).unlink(missing_ok=True)
+        if tmp is not None:
+            scratch.remove(tmp)
     return dest
 
 
@@ -599,18 +600,23 @@ def write_text(path: str | os.PathLike, text: str, what: str, protected: dict[st
     tmp = None
     try:
         with scratch.uninterrupted():  # an interrupt waits until the file's name is held
-            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+            fd, tmp = scratch.make_file(scratch.temp_prefix(os.path.basename(path)), suffix=".tmp", parent=parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if hasattr(os, "fchmod"):  # mkstemp makes it 0600; a new file follows the umask, as the model
+                os.fchmod(f.fileno(), outputs.creation_mode())
             f.write(text)
         with scratch.uninterrupted():
-            os.replace(tmp, path)
+            group = outputs.Staged(what, [(tmp, path)])
             tmp = None
+            outputs.put_in_place(group)  # now, or with the other outputs of the open transaction
     except OSError as e:
         raise OutputError(f"{printable(path)}: cannot write {what}: {e.strerror or e}") from e
     finally:
         if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            with scratch.uninterrupted():
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                scratch.settled(tmp)
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -20,7 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Lowest first: a module may import its own layer and those below it.
 LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
-               "dmlopt.target", "dmlopt.scratch", "dmlopt.data"],
+               "dmlopt.target", "dmlopt.scratch", "dmlopt.data", "dmlopt.outputs", "dmlopt.arg_types",
+               "dmlopt.limits", "dmlopt.inputs_file"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
                    "dmlopt.graph_check", "dmlopt.names"],
     "ONNX Runtime": ["dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
