@@ -23,7 +23,7 @@ from dmlopt import arg_types, bench, demo, outputs, runtime, scratch, session_co
 
 from dmlopt.targets.dml import calibrate, emulate
 from dmlopt import report as report_mod
-from dmlopt.errors import DmlOptError, InputError, UsageError, printable
+from dmlopt.errors import LINE_WIDTH, DmlOptError, InputError, UsageError, printable
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.inputs_file import read_npz
 from dmlopt.inspection import inspect, to_table
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.writes = writes
             return COMMANDS[args.command](args)
     except DmlOptError as e:
-        print(f"dmlopt: error: {printable(str(e))}", file=sys.stderr)  # a name in it cannot forge a line
+        print(f"dmlopt: error: {printable(str(e), LINE_WIDTH)}", file=sys.stderr)  # a name cannot forge a line
         return e.exit_code
     except Terminated as e:
         print(f"dmlopt: terminated ({e}); {writes.message()}", file=sys.stderr)
@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - a bug in dmlopt: still one line, unless debugging
         if os.environ.get("DMLOPT_DEBUG"):
             raise
-        print(f"dmlopt: internal error: {type(e).__name__}: {printable(str(e).splitlines()[0]) if str(e) else ''} "
+        print(f"dmlopt: internal error: {type(e).__name__}: {printable(str(e).splitlines()[0], LINE_WIDTH) if str(e) else ''} "
               f"(set DMLOPT_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 
@@ -362,7 +362,7 @@ def cmd_optimize(args) -> int:
             print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
                   f"(--force writes it anyway)", file=sys.stderr)
         return EXIT_CHECK
-    print(f"wrote {output}{_session_config_written(rep)}", file=sys.stderr)
+    print(f"wrote {printable(output)}{_session_config_written(rep)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -392,7 +392,7 @@ def _write_session_config(rep, output: str, path: str | None, protected: dict[st
 
 def _session_config_written(rep) -> str:
     path = (rep.session_config or {}).get("path")
-    return f" and {path}" if path else ""
+    return f" and {printable(path)}" if path else ""
 
 
 def _add_calibrate_parser(sub) -> None:

@@ -78,6 +78,10 @@ class Transaction:
         self.groups: list[Staged] = []
 
     def commit(self) -> list[str]:
+        with scratch.uninterrupted():  # an interrupt waits until every group is in place
+            return self._commit()
+
+    def _commit(self) -> list[str]:
         complete: list[str] = []
         for n, group in enumerate(self.groups):
             try:
