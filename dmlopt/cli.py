@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Iterator, Sequence
 
-from dmlopt import arg_types, bench, demo, outputs, runtime, scratch, session_config
+from dmlopt import arg_types, bench, demo, outputs, runtime, scratch, session_config, supervisor
 
 from dmlopt.targets.dml import calibrate, emulate
 from dmlopt import report as report_mod
@@ -283,6 +283,15 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command.  Run as a program (no `argv`: the console script, ``python -m dmlopt``) it
+    works in a supervised child process that a signal can stop even inside native code
+    (dmlopt.supervisor); called with `argv` it runs in this process."""
+    if argv is None:
+        return supervisor.run(lambda: _main(sys.argv[1:]))
+    return _main(argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     _quiet_library_logs()
     writes = WrittenFiles()
     try:
@@ -303,15 +312,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dmlopt: interrupted; {writes.message()}", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `dmlopt inspect m.onnx | head`: the reader left; not an error to report
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return 141
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):  # `dmlopt inspect m.onnx | head`: the reader left; not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            return 141
+        if e.errno not in scratch.STORAGE_ERRNOS:
+            return _internal_error(e)
+        # a full or limited disk anywhere dmlopt writes: the user's to act on, not a bug
+        where = f" ({printable(os.fspath(e.filename), LINE_WIDTH)})" if e.filename else ""
+        print(f"dmlopt: error: cannot write{where}: {e.strerror or e}; {writes.message()}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - a bug in dmlopt: still one line, unless debugging
-        if os.environ.get("DMLOPT_DEBUG"):
-            raise
-        print(f"dmlopt: internal error: {type(e).__name__}: {printable(str(e).splitlines()[0], LINE_WIDTH) if str(e) else ''} "
-              f"(set DMLOPT_DEBUG=1 for the traceback)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal_error(e)
+
+
+def _internal_error(e: Exception) -> int:
+    if os.environ.get("DMLOPT_DEBUG"):
+        raise e
+    print(f"dmlopt: internal error: {type(e).__name__}: {printable(str(e).splitlines()[0], LINE_WIDTH) if str(e) else ''} "
+          f"(set DMLOPT_DEBUG=1 for the traceback)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 def cmd_optimize(args) -> int:

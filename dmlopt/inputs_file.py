@@ -29,9 +29,10 @@ def read_npz(path: str | os.PathLike, cap: int = limits.INPUT_BYTES) -> dict[str
         raise InputError(f"{shown}: no such inputs file") from None
     except OSError as e:
         raise InputError(f"{shown}: cannot read the inputs file: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{shown}: the inputs file is not a regular file (a folder, FIFO, device or socket)")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(f"{shown}: the inputs file is not a regular file (a folder, FIFO, device or socket)")
         try:
             with zipfile.ZipFile(f) as archive:
                 return _arrays(archive, shown, cap)

@@ -54,12 +54,14 @@ class Staged:
         with scratch.uninterrupted():
             try:
                 for tmp, dest in self.renames:
-                    scratch.created(dest)  # until the group is complete, a new file here is partial
                     os.replace(tmp, dest)
                     done.append(dest)
+                    scratch.created(dest)  # until the group is complete, the new file here is partial
                 for path in self.removals:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
+                for dest in done:
+                    scratch.completed(dest)
             except BaseException:
                 for dest in done:  # the group's earlier files without the rest are partial
                     with contextlib.suppress(OSError):

@@ -18,6 +18,7 @@ valid never fails only at its temporary folder's name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -26,6 +27,8 @@ import signal
 import tempfile
 import threading
 from typing import Iterator
+
+from dmlopt.errors import OutputError, printable
 
 LEDGER_ENV = "DMLOPT_SCRATCH_LEDGER"  # set by dmlopt.supervisor for its worker
 # Characters of a destination's name kept in its temporary names (".NAME.XXXXXXXX.tmp").
@@ -94,6 +97,11 @@ def created(path) -> None:
     _note("+", path)
 
 
+def completed(path) -> None:
+    """`path`, an output, is in place and complete: the supervisor names it if the run is killed."""
+    _note("=", path)
+
+
 def settled(path) -> None:
     """`path` is gone or complete: the supervisor leaves it alone."""
     _note("-", path)
@@ -134,7 +142,33 @@ def folder(prefix: str, *, suffix: str | None = None, parent: str | os.PathLike 
         with uninterrupted():
             path = make_folder(prefix, suffix=suffix, parent=parent)
         yield path
+    except OSError as e:
+        if path is None or _storage_error(e, path):
+            where = os.fspath(parent) if parent is not None else tempfile.gettempdir()
+            raise OutputError(f"cannot write temporary files in {printable(where)}: {e.strerror or e}"
+                              + ("" if parent is not None else " (free space there, or set TMPDIR to another folder)")
+                              ) from e
+        raise
     finally:
         if path is not None:
             remove(path)
+
+
+# What a full, read-only or limited folder raises while files are written into it.
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE,
+                  errno.ENFILE, errno.ENAMETOOLONG}
+
+
+def _storage_error(e: OSError, folder: pathlib.Path) -> bool:
+    """Whether `e` is the scratch folder failing (no space, quota, file size limit...): one
+    about a file inside it, or a write error that names no file."""
+    if e.errno not in STORAGE_ERRNOS:
+        return False
+    name = e.filename
+    if name is None:
+        return True
+    try:
+        return pathlib.Path(os.fspath(name)).resolve().is_relative_to(folder.resolve())
+    except (OSError, ValueError, TypeError):
+        return False
 
