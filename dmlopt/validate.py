@@ -319,8 +319,7 @@ def compare(name: str, ref, cand, atol=None, rtol=None, *, allow_nonfinite: bool
         yy += float(np.dot(yv, yv))
     if x_all.size and not finite_pairs:  # every value NaN or infinite: nothing was compared
         if not allow_nonfinite:
-            return failed("no finite values to compare (all NaN or infinite; --allow-nonfinite accepts "
-                          "the same non-finite values in the same places)", float("nan"))
+            return failed("no finite values to compare (all NaN/inf; see --allow-nonfinite)", float("nan"))
         if max_abs != 0.0:
             return failed("non-finite values differ", float("nan"))
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
