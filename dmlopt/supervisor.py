@@ -62,6 +62,10 @@ def run(work: Callable[[], int]) -> int:
     if pid == 0:
         _worker(work, ledger)  # never returns
     try:
+        os.setpgid(pid, pid)  # as the worker does: whichever runs first, the group exists before a signal
+    except OSError:
+        pass
+    try:
         return _supervise(pid, ledger)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -91,10 +95,7 @@ def _supervise(pid: int, ledger: str) -> int:
 
     def forward(signum, _frame):
         received.append(signum)
-        try:
-            os.killpg(pid, signal.SIGKILL if len(received) > 1 else signum)  # a second signal: at once
-        except OSError:
-            pass
+        _signal(pid, signal.SIGKILL if len(received) > 1 else signum)  # a second signal: at once
 
     previous = {}
     for name in FORWARDED:
@@ -114,10 +115,7 @@ def _supervise(pid: int, ledger: str) -> int:
                 first_at = time.monotonic()  # the grace counts from here
             if received and not killed and (len(received) > 1 or time.monotonic() - first_at > GRACE_S):
                 killed = True
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                _signal(pid, signal.SIGKILL)
             time.sleep(POLL_S)
     finally:
         for name, handler in previous.items():
@@ -144,6 +142,17 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _signal(pid: int, signum: int) -> None:
+    """`signum` to the worker's group, or to the worker alone if its group is not there."""
+    try:
+        os.killpg(pid, signum)
+    except OSError:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
 
 
 def read_ledger(path: str) -> tuple[list[str], list[str]]:
