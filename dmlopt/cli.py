@@ -319,8 +319,8 @@ def _main(argv: Sequence[str]) -> int:
         if e.errno not in scratch.STORAGE_ERRNOS:
             return _internal_error(e)
         # a full or limited disk anywhere dmlopt writes: the user's to act on, not a bug
-        where = f" ({printable(os.fspath(e.filename), LINE_WIDTH)})" if e.filename else ""
-        print(f"dmlopt: error: cannot write{where}: {e.strerror or e}; {writes.message()}", file=sys.stderr)
+        where = f"{printable(os.fspath(e.filename), LINE_WIDTH)}: " if e.filename else ""
+        print(f"dmlopt: error: {where}{e.strerror or e}; {writes.message()}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - a bug in dmlopt: still one line, unless debugging
         return _internal_error(e)

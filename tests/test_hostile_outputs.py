@@ -208,3 +208,19 @@ def test_every_created_file_follows_the_umask(cli, model_path, tmp_path, umask):
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out_dir.iterdir()}
     assert {"out.onnx", "out.session.json", "r.json", "r.html", "ext.onnx", "ext.onnx.data"} <= set(modes)
     assert set(modes.values()) == {0o666 & ~umask}, modes
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS])
+def test_a_storage_error_anywhere_else_is_one_line_exit_2(cli, model_path, monkeypatch, code):
+    def fails(*a, **k):
+        raise OSError(code, os.strerror(code), "/somewhere/file")
+
+    monkeypatch.setattr(cli_mod, "inspect", fails)
+    r = cli("inspect", model_path)
+    assert r.code == 2 and _one_line(r.err) == f"dmlopt: error: /somewhere/file: {os.strerror(code)}; nothing was written"
+
+
+def test_any_other_os_error_is_still_an_internal_error(cli, model_path, monkeypatch):
+    monkeypatch.setattr(cli_mod, "inspect", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    r = cli("inspect", model_path)
+    assert r.code == 3 and r.err.startswith("dmlopt: internal error: OSError")
