@@ -173,7 +173,7 @@ def _type_from_ort(model: ir.Model, infos: dict[str, onnx.ValueInfoProto]) -> No
                 known.add(out.name)
     try:
         sess = runtime.session(probe, "cpu", optimize=False, share_weights=True)
-    except InputError:
+    except (InputError, RuntimeError, ValueError):  # ORT cannot load it either: `_info` names the value
         return
     for arg in sess.get_outputs():
         if _typed(infos.get(arg.name)):
