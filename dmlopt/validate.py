@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from typing import Any, Mapping
 
@@ -118,6 +119,7 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
              rtol: float | None = None, seed: int = 0, allow_nonfinite: bool = False) -> Validation:
     """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output
     (`compare`; `allow_nonfinite`: outputs with no finite value may pass, see there)."""
+    tolerances(np.dtype(np.float32), atol, rtol)  # bad tolerances refused before any work
     ref_model, cand_model = load(ref), load(cand)
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
@@ -258,6 +260,9 @@ def as_input_type(value, ort_type: str) -> np.ndarray:
 
 
 def tolerances(dtype: np.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
+    for name, value in (("atol", atol), ("rtol", rtol)):  # the API's values too (the CLI parses them)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{name}={value}: a tolerance must be a finite number >= 0")
     default = DEFAULT_TOLERANCES.get(np.dtype(dtype).name, (0.0, 0.0))
     return (default[0] if atol is None else atol, default[1] if rtol is None else rtol)
 

@@ -343,3 +343,9 @@ def test_a_model_whose_weights_are_in_memory_may_replace_its_file(tmp_path):
     gc.collect()  # the loaded ExternalTensors are gone with their model
     dmlopt.save(m, path)
     assert dmlopt.load(path).graph.initializers["w"].const_value.numpy().shape == (64, 64)
+
+
+@pytest.mark.parametrize("atol,rtol", [(float("nan"), None), (None, float("inf")), (-1.0, None), (None, -0.1)])
+def test_the_api_refuses_tolerances_that_pass_or_fail_everything(model_path, atol, rtol):
+    with pytest.raises(dmlopt.errors.UsageError, match="tolerance"):
+        dmlopt.validate(model_path, model_path, atol=atol, rtol=rtol)
