@@ -51,7 +51,10 @@ def run(work: Callable[[], int]) -> int:
     """`work()` in a supervised worker (see the module's docstring); its exit code."""
     if not available():
         return work()
-    folder = tempfile.mkdtemp(prefix="dmlopt-ledger-")
+    try:
+        folder = tempfile.mkdtemp(prefix="dmlopt-ledger-")
+    except OSError:  # no room for a ledger: the command runs, unsupervised, and says what it can
+        return work()
     ledger = os.path.join(folder, "ledger")
     for stream in (sys.stdout, sys.stderr):
         try:
