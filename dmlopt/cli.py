@@ -19,14 +19,15 @@ import sys
 import threading
 from typing import Iterator, Sequence
 
-from dmlopt import bench, demo, runtime, scratch, session_config
+from dmlopt import arg_types, bench, demo, outputs, runtime, scratch, session_config, supervisor
 
 from dmlopt.targets.dml import calibrate, emulate, real_ep
 from dmlopt.targets.dml import host as dml_host
 from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt import report as report_mod
-from dmlopt.errors import CheckFailed, DmlOptError, InputError, UsageError, printable, printable_tree
+from dmlopt.errors import LINE_WIDTH, CheckFailed, DmlOptError, InputError, UsageError, printable, printable_tree
 from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.inputs_file import read_npz
 from dmlopt.inspection import inspect, to_table
 from dmlopt.jsontext import json_text
 from dmlopt.model import check_destination, check_input, load, protected_paths, save
@@ -212,8 +213,8 @@ def build_parser() -> Parser:
     p.add_argument("--force", action="store_true", help="write the output even if validation fails (the report says so)")
     p.add_argument("--tune", action="store_true", help="measure pass variants on the target provider (must be present)")
     p.add_argument("--inputs", metavar="FILE.npz", help="inputs for validation instead of seeded random ones")
-    p.add_argument("--atol", type=float, help="absolute tolerance for validation (default by dtype)")
-    p.add_argument("--rtol", type=float, help="tolerance relative to the output's magnitude (default by dtype)")
+    p.add_argument("--atol", type=arg_types.tolerance, help="absolute tolerance for validation (default by dtype)")
+    p.add_argument("--rtol", type=arg_types.tolerance, help="tolerance relative to the output's magnitude (default by dtype)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     _add_session_config_args(p)
@@ -226,7 +227,7 @@ def build_parser() -> Parser:
             p.add_argument(opt.flag, dest=f"opt_{name}", action=argparse.BooleanOptionalAction, default=None,
                            help=f"[{cls.name}] {opt.help} (default: {'on' if opt.default else 'off'})")
             continue
-        p.add_argument(opt.flag, dest=f"opt_{name}", choices=opt.choices, type=opt.type, default=None,
+        p.add_argument(opt.flag, dest=f"opt_{name}", choices=opt.choices, type=arg_types.checked(opt.type), default=None,
                        help=f"[{cls.name}] {opt.help} (default: {opt.default})")
 
     p = sub.add_parser("inspect", help="inputs, outputs, op histogram and what the passes would look at")
@@ -247,9 +248,11 @@ def build_parser() -> Parser:
     p.add_argument("cand")
     _add_shape_args(p)
     p.add_argument("--inputs", metavar="FILE.npz")
-    p.add_argument("--atol", type=float)
-    p.add_argument("--rtol", type=float)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--atol", type=arg_types.tolerance)
+    p.add_argument("--rtol", type=arg_types.tolerance)
+    p.add_argument("--seed", type=arg_types.integer(0, arg_types.SEED_MAX), default=0)
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="an output with no finite value passes if both hold the same NaN/inf in the same places")
     p.add_argument("--ep", default="cpu", choices=["cpu", "cuda", "dml", "webgpu"],
                    help="run CAND on this provider too (REF stays on the CPU EP, the reference; default cpu); "
                         "dml: the real DirectML EP (in this process on Windows, else the DirectML host)")
@@ -265,8 +268,8 @@ def build_parser() -> Parser:
     p.add_argument("model")
     p.add_argument("--ep", default="auto", choices=["auto", "dml", "cuda", "cpu", "webgpu"],
                    help="provider (default auto: DirectML, else CUDA, else CPU; webgpu only when named)")
-    p.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed, profiled runs first (default 3)")
+    p.add_argument("--runs", type=arg_types.integer(1), default=20, help="timed runs (default 20)")
+    p.add_argument("--warmup", type=arg_types.integer(0), default=3, help="untimed, profiled runs first (default 3)")
     _add_shape_args(p)
     p.add_argument("--compare", metavar="OTHER", help="time OTHER in alternation with MODEL and report ratios")
     p.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
@@ -298,12 +301,21 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("demo", help="optimize the bundled models and show a before/after table")
     p.add_argument("-o", "--output-dir", default="dmlopt-demo", help="where to write the optimized models")
-    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--runs", type=arg_types.integer(1), default=10)
     p.add_argument("-q", "--quiet", action="store_true")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command.  Run as a program (no `argv`: the console script, ``python -m dmlopt``) it
+    works in a supervised child process that a signal can stop even inside native code
+    (dmlopt.supervisor); called with `argv` it runs in this process."""
+    if argv is None:
+        return supervisor.run(lambda: _main(sys.argv[1:]))
+    return _main(argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     _quiet_library_logs()
     writes = WrittenFiles()
     try:
@@ -316,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.writes = writes
             return COMMANDS[args.command](args)
     except DmlOptError as e:
-        print(f"dmlopt: error: {printable(str(e))}", file=sys.stderr)  # a name in it cannot forge a line
+        print(f"dmlopt: error: {printable(str(e), LINE_WIDTH)}", file=sys.stderr)  # a name cannot forge a line
         return e.exit_code
     except Terminated as e:
         print(f"dmlopt: terminated ({e}); {writes.message()}", file=sys.stderr)
@@ -324,15 +336,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dmlopt: interrupted; {writes.message()}", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `dmlopt inspect m.onnx | head`: the reader left; not an error to report
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return 141
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):  # `dmlopt inspect m.onnx | head`: the reader left; not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            return 141
+        if e.errno not in scratch.STORAGE_ERRNOS:
+            return _internal_error(e)
+        # a full or limited disk anywhere dmlopt writes: the user's to act on, not a bug
+        where = f"{printable(os.fspath(e.filename), LINE_WIDTH)}: " if e.filename else ""
+        print(f"dmlopt: error: {where}{e.strerror or e}; {writes.message()}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - a bug in dmlopt: still one line, unless debugging
-        if os.environ.get("DMLOPT_DEBUG"):
-            raise
-        print(f"dmlopt: internal error: {type(e).__name__}: {printable(str(e).splitlines()[0]) if str(e) else ''} "
-              f"(set DMLOPT_DEBUG=1 for the traceback)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal_error(e)
+
+
+def _internal_error(e: Exception) -> int:
+    if os.environ.get("DMLOPT_DEBUG"):
+        raise e
+    print(f"dmlopt: internal error: {type(e).__name__}: {printable(str(e).splitlines()[0], LINE_WIDTH) if str(e) else ''} "
+          f"(set DMLOPT_DEBUG=1 for the traceback)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 def cmd_optimize(args) -> int:
@@ -343,6 +366,8 @@ def cmd_optimize(args) -> int:
         raise UsageError("give the output once: either OUT or -o OUT")
     shapes, dims = _shapes(args)
     protected = protected_paths(args.model)
+    if args.inputs:  # an input, never a destination
+        protected.setdefault(args.inputs, "the --inputs file")
     check_destination(output, protected)
     check_destination(output + ".data", protected)
     written = {**protected, output: "the output model", output + ".data": "the output model's external data"}
@@ -353,8 +378,9 @@ def cmd_optimize(args) -> int:
     sibling_path = _sibling_path(args, output, {**written, **report_path,
                                                 **({session_path: "the session configuration"} if session_path else {})})
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
+    inputs = read_npz(args.inputs) if args.inputs else None  # read once, before any work
     common = dict(shapes=shapes, dims=dims, passes=args.passes, target=args.target, ort_version=args.ort_version,
-                  validate=not args.no_validate, inputs=args.inputs, atol=args.atol, rtol=args.rtol,
+                  validate=not args.no_validate, inputs=inputs, atol=args.atol, rtol=args.rtol,
                   progress=_progress(args), dml_host=args.dml_host)
     result = optimize(args.model, tune=args.tune, retime=args.retime, **common, **options)
     rep = result.report
@@ -366,22 +392,26 @@ def cmd_optimize(args) -> int:
         if not sibling.passed and not args.force:
             raise CheckFailed(f"the float32 sibling ({printable(sibling_path)}) does not match the original; "
                               "nothing was written")
-    if ok or args.force:
-        with args.writes.writing(output, output + ".data"):
+    sibling_files = (sibling_path, sibling_path + ".data") if sibling is not None else ()
+    # One transaction: every file is staged first, then all are renamed (dmlopt.outputs).
+    with (args.writes.writing(output, output + ".data", session_path, args.report, *sibling_files),
+          outputs.transaction()):
+        if ok or args.force:
             save(result.model, output, protect=tuple(protected))
-        rep.written = os.fspath(output)
-        rep.forced = not ok
-        if sibling is not None:
-            with args.writes.writing(sibling_path, sibling_path + ".data"):
+            rep.written = os.fspath(output)
+            rep.forced = not ok
+            if sibling is not None:
                 save(sibling.model, sibling_path, protect=tuple(protected))
-            if rep.session_config:
-                rep.session_config["config"]["fp32_model"] = os.path.basename(sibling_path)
-                rep.session_config["config"]["reasons"]["fp32_model"] = (
-                    "the same passes in float32 (--fp32-sibling), for an adapter the float16 model cannot run on")
-        with args.writes.writing(session_path):
+                if rep.session_config:
+                    rep.session_config["config"]["fp32_model"] = os.path.basename(sibling_path)
+                    rep.session_config["config"]["reasons"]["fp32_model"] = (
+                        "the same passes in float32 (--fp32-sibling), for an adapter the float16 model cannot run on")
             _write_session_config(rep, output, session_path, written)
-    if args.report:
-        with args.writes.writing(args.report):
+            stale = session_config.earlier_config(output) if rep.session_config is None else None
+            if stale:  # --no-session-config: the previous model's configuration goes with it
+                outputs.put_in_place(outputs.Staged("the removal of the earlier session configuration", [],
+                                                    removals=[stale]))
+        if args.report:
             report_mod.write(rep, args.report)
     print(rep.to_json() if args.json else rep.to_table())
     if not ok:
@@ -393,8 +423,8 @@ def cmd_optimize(args) -> int:
             print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
                   f"(--force writes it anyway)", file=sys.stderr)
         return EXIT_CHECK
-    print(f"wrote {output}{_session_config_written(rep)}"
-          + (f" and the float32 sibling {sibling_path}" if sibling is not None else ""), file=sys.stderr)
+    print(f"wrote {printable(output)}{_session_config_written(rep)}"
+          + (f" and the float32 sibling {printable(sibling_path)}" if sibling is not None else ""), file=sys.stderr)
     return EXIT_OK
 
 
@@ -441,7 +471,7 @@ def _write_session_config(rep, output: str, path: str | None, protected: dict[st
 
 def _session_config_written(rep) -> str:
     path = (rep.session_config or {}).get("path")
-    return f" and {path}" if path else ""
+    return f" and {printable(path)}" if path else ""
 
 
 def _add_calibrate_parser(sub) -> None:
@@ -539,17 +569,18 @@ def cmd_validate(args) -> int:
         real = real_ep.resolve(args.dml_host, args.ort_version, required=True, what="validate --ep dml")
     elif args.dml_host or args.ort_version:
         raise UsageError("--dml-host and --ort-version choose the real DirectML EP: add --ep dml")
+    inputs = read_npz(args.inputs) if args.inputs else None  # read once, before any work
     ref, cand = load(args.ref), load(args.cand)
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
     check_input(cand, args.cand)
-    v = validate(ref, cand, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
-                 rtol=args.rtol, seed=args.seed, ep="cpu" if args.ep == "dml" else runtime.resolve_ep(args.ep))
+    v = validate(ref, cand, shapes=shapes, dims=dims, inputs=inputs, atol=args.atol, rtol=args.rtol, seed=args.seed,
+                 ep="cpu" if args.ep == "dml" else runtime.resolve_ep(args.ep), allow_nonfinite=args.allow_nonfinite)
     # the table with output names escaped (a name must not forge a line); the JSON keeps them
     shown = dataclasses.replace(v, outputs=[dataclasses.replace(o, name=printable(o.name)) for o in v.outputs])
     if real is None:
         print(json_text(v.to_dict()) if args.json else shown.to_table())
         return EXIT_OK if v.passed else EXIT_CHECK
-    on_dml = real_ep.validate_real(ref, cand, real, shapes=shapes, dims=dims, inputs=args.inputs, atol=args.atol,
+    on_dml = real_ep.validate_real(ref, cand, real, shapes=shapes, dims=dims, inputs=inputs, atol=args.atol,
                                    rtol=args.rtol, seed=args.seed)
     passed = v.passed and on_dml["passed"]
     if args.json:
@@ -635,6 +666,8 @@ def cmd_passes(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    if os.path.lexists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise UsageError(f"-o {printable(args.output_dir)}: exists and is not a folder")
     with args.writes.writing_in(args.output_dir):
         return demo.run(output_dir=args.output_dir, runs=args.runs, quiet=args.quiet)
 

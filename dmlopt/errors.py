@@ -43,10 +43,30 @@ class CheckFailed(DmlOptError):
     exit_code = 1
 
 
-def printable(text: str) -> str:
+# Longest text from a model (a name, a sentence holding names) that a table or line shows; the
+# rest is cut and its length said.  A 2 MB name must not pad every row of a table (318 MB).
+TEXT_WIDTH = 300
+# Widest cell of a table (dmlopt.tables.format_table): every row is padded to the widest.
+CELL_WIDTH = 100
+# Longest error line (`dmlopt: error: ...`).
+LINE_WIDTH = 1000
+
+
+def printable(text: str, width: int | None = None) -> str:
     """`text` with control codes, newlines and other unprintable characters written as escapes
     (``\\x1b``, ``\\n``, ``\\u202e``): a tensor name or a damaged file's bytes must not move the
-    cursor, recolour the terminal or forge a line of dmlopt's output."""
+    cursor, recolour the terminal or forge a line of dmlopt's output.  `width`: at most that many
+    characters, the cut said (``...(N chars)``).  The one escaping of everything dmlopt prints."""
+    if width is None:
+        return _escaped(text)
+    head = _escaped(text[:width + 1])  # escaping never shortens: enough to know whether it fits
+    if len(text) <= width and len(head) <= width:
+        return head
+    tail = f"...({len(text)} chars)"
+    return head[:max(width - len(tail), 1)] + tail
+
+
+def _escaped(text: str) -> str:
     out = []
     for c in text:
         if c.isprintable():
@@ -60,13 +80,13 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
-def printable_tree(obj):
+def printable_tree(obj, width: int = TEXT_WIDTH):
     """`obj` (dicts, lists, strings: a JSON-ready description) with every string, keys
-    included, made printable: for tables built from names a model file chose."""
+    included, made printable and cut to `width`: for tables built from names a model file chose."""
     if isinstance(obj, str):
-        return printable(obj)
+        return printable(obj, width)
     if isinstance(obj, dict):
-        return {printable_tree(k): printable_tree(v) for k, v in obj.items()}
+        return {printable_tree(k, width): printable_tree(v, width) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [printable_tree(v) for v in obj]
+        return [printable_tree(v, width) for v in obj]
     return obj

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import pathlib
 import stat
-import tempfile
+import weakref
 from typing import Iterator, Union
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from dmlopt import scratch
+from dmlopt import limits, outputs, scratch
 from dmlopt.errors import InputError, OutputError, printable
 from dmlopt.proto_stream import save_inline
 from dmlopt.shape_inference import split_initializers, tensor_bytes, weightless_proto
@@ -58,13 +59,21 @@ def load(model: ModelLike) -> ir.Model:
 
 
 def _load_path(path: pathlib.Path) -> ir.Model:
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not an ONNX file")
-    size = path.stat().st_size
-    if size == 0:
-        raise InputError(f"{path}: empty file, not an ONNX model")
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{printable(str(path))}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{printable(str(path))}: cannot read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{printable(str(path))}: is a directory, not an ONNX file")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read for ever
+        raise InputError(f"{printable(str(path))}: not a regular file (a FIFO, device or socket)")
+    if st.st_size == 0:
+        raise InputError(f"{printable(str(path))}: empty file, not an ONNX model")
+    if st.st_size > limits.PROTOBUF_BYTES:  # refused before it is read whole
+        raise InputError(f"{printable(str(path))}: {st.st_size / 2**30:.3g} GiB, over protobuf's 2 GiB limit for one "
+                         "message: not a readable ONNX file (a larger model keeps its weights in external data)")
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, OSError) as e:
@@ -280,6 +289,7 @@ def _check_external_data(proto: onnx.ModelProto, base: pathlib.Path, where: str)
     (``../../etc/passwd``, an absolute path, a symlink) is refused: a model file must not make
     dmlopt read, or copy next to its output, a file the user did not hand it."""
     sizes: dict[str, int] = {}
+    normal: dict[str, str] = {}
     for t in _iter_tensor_protos(proto):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -291,6 +301,16 @@ def _check_external_data(proto: onnx.ModelProto, base: pathlib.Path, where: str)
                 raise InputError(f"{where}: external data file '{printable(location)}' for tensor "
                                  f"'{printable(t.name)}' is missing")
             sizes[location] = file.stat().st_size
+            # One normal name (``w.bin/`` and ``missing/../w.bin`` are ``w.bin``): what was checked
+            # is what every later reader (onnx_ir, ONNX Runtime) opens.
+            normal[location] = file.relative_to(base.resolve()).as_posix()
+        if normal[location] != location:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = normal[location]
+        if any(d < 0 for d in t.dims):
+            raise InputError(f"{where}: tensor '{printable(t.name)}' declares a negative dimension "
+                             f"{list(t.dims)}: not a tensor shape")
         offset, length = _external_int(info, "offset", t, where), _external_int(info, "length", t, where)
         needed = _tensor_nbytes(t)
         if needed is not None and length is not None and length != needed:
@@ -335,22 +355,29 @@ def _external_int(info: dict[str, str], key: str, t: onnx.TensorProto, where: st
 
 
 def _tensor_nbytes(t: onnx.TensorProto) -> int | None:
-    """Bytes of a fixed-size tensor of t's dims and type (None for strings, sub-byte types)."""
+    """Bytes of a fixed-size tensor of t's dims and type, packed sub-byte types (int4, int2,
+    float4e2m1) included: ceil(elements * bits / 8).  None for strings and unknown types."""
+    count = 1
+    for d in t.dims:
+        count *= d
+    bits = _sub_byte_bits(t.data_type)
+    if bits:
+        return (count * bits + 7) // 8
     try:
         itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
     except Exception:  # noqa: BLE001 - unknown or undefined type
         return None
-    if t.data_type in (onnx.TensorProto.STRING,) or itemsize == 0 or _sub_byte(t.data_type):
+    if t.data_type in (onnx.TensorProto.STRING,) or itemsize == 0:
         return None
-    count = 1
-    for d in t.dims:
-        count *= d
     return count * itemsize
 
 
-def _sub_byte(data_type: int) -> bool:
-    names = ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
-    return any(getattr(onnx.TensorProto, n, None) == data_type for n in names)
+def _sub_byte_bits(data_type: int) -> int:
+    """Bits per element of a packed sub-byte type; 0 for any other type."""
+    for name, bits in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2)):
+        if getattr(onnx.TensorProto, name, None) == data_type:
+            return bits
+    return 0
 
 
 def _resolve_external_data(model: ir.Model, base: pathlib.Path) -> None:
@@ -371,6 +398,7 @@ def _resolve_external_data(model: ir.Model, base: pathlib.Path) -> None:
             if isinstance(value.const_value, ir.ExternalTensor):
                 if id(graph) in kept:
                     value.const_value.base_dir = str(base)
+                    _live_external.add(value.const_value)
                 else:  # a subgraph inside a function
                     value.const_value = _in_memory(value.const_value, base)
     for node in _all_nodes(model):
@@ -404,6 +432,7 @@ def _lift_external_constants(graph: ir.Graph, base: pathlib.Path) -> None:
             continue
         tensor = attr.value
         tensor.base_dir = str(base)
+        _live_external.add(tensor)
         value = ir.Value(name=None, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
         ir.convenience.replace_all_uses_with(out, value)
         name = out.name
@@ -482,34 +511,66 @@ def save(model: ModelLike, path: str | os.PathLike, *, external_data: bool | Non
     check_destination(dest, protected)
     check_destination(parent / data_name, protected)
     has_external = any(isinstance(t, ir.ExternalTensor) for t in _all_initializer_tensors(model))
+    if external_data is None or external_data:
+        _check_not_mapped(parent / data_name, model)
+    _check_not_mapped(dest, model)
     if external_data is None:
         # Weights read from external data stay external, written next to the output: kept as
         # references, the output would point at the input's data file (missing in another folder).
         external_data = has_external or initializer_bytes(model) > EXTERNAL_DATA_THRESHOLD
     elif not external_data and has_external:
         model = ir.external_data.load_to_model(model.clone())  # inline them; the caller's model is kept
-    data_moved = written = False
+    tmp = None
     try:
-        with scratch.folder(f".{dest.name}.", suffix=".tmp", parent=parent) as tmp:
-            if external_data:
-                ir.save(model, tmp / dest.name, external_data=data_name)
-                with scratch.uninterrupted():  # the flag must say whether the rename happened
-                    os.replace(tmp / data_name, parent / data_name)
-                    data_moved = True
-            elif dest.suffix.lower() == ".onnx":
-                save_inline(model, tmp / dest.name)  # ir.save's bytes, one weight serialized at a time
-            else:
-                ir.save(model, tmp / dest.name)
-            with scratch.uninterrupted():
-                os.replace(tmp / dest.name, dest)
-                written = True
+        with scratch.uninterrupted():  # an interrupt waits until the folder's name is held
+            tmp = scratch.make_folder(scratch.temp_prefix(dest.name), suffix=".tmp", parent=parent)
+        renames = []
+        if external_data:
+            ir.save(model, tmp / dest.name, external_data=data_name)
+            renames.append((tmp / data_name, parent / data_name))  # data first: a model never lacks it
+        elif dest.suffix.lower() == ".onnx":
+            save_inline(model, tmp / dest.name)  # ir.save's bytes, one weight serialized at a time
+        else:
+            ir.save(model, tmp / dest.name)
+        renames.append((tmp / dest.name, dest))
+        with scratch.uninterrupted():  # the group owns the folder from here
+            group = outputs.Staged(f"the model {dest}", [(os.fspath(a), os.fspath(b)) for a, b in renames],
+                                   folder=os.fspath(tmp))
+            tmp = None
+            outputs.put_in_place(group)  # now, or with the other outputs of the open transaction
     except OSError as e:  # the temporary folder's creation included
-        raise OutputError(f"{dest}: cannot write: {e.strerror or e}") from e
+        raise OutputError(f"{printable(os.fspath(dest))}: cannot write: {e.strerror or e}") from e
     finally:
-        if data_moved and not written:  # interrupted between the two renames: no data without its model
-            with scratch.uninterrupted():
-                (parent / data_name).unlink(missing_ok=True)
+        if tmp is not None:
+            scratch.remove(tmp)
     return dest
+
+
+# Every external tensor `load` made, while something still holds it: onnx_ir reads its file
+# lazily (memory-mapped on first use), so a file one of them reads must not be replaced.
+_live_external: weakref.WeakSet = weakref.WeakSet()
+
+
+def _check_not_mapped(target: pathlib.Path, model: ir.Model) -> None:
+    """OutputError when `target` is a file that the weights of `model`, or of any model `load`
+    made that is still alive, are read from.  Replacing it under them would make them read the
+    new file's bytes at their old offsets: wrong values, silently, and wrong weights in any
+    later save.  (`save` writes a new file and renames it: a weight already mapped keeps the
+    old file, one not yet read would not.)"""
+    if not os.path.lexists(target):
+        return
+    seen: set[str] = set()
+    for tensor in itertools.chain(_all_initializer_tensors(model), list(_live_external)):
+        if not isinstance(tensor, ir.ExternalTensor):
+            continue
+        path = os.path.join(tensor.base_dir or "", os.fspath(tensor.location))
+        if path in seen:
+            continue
+        seen.add(path)
+        if _same_file(path, os.fspath(target)):
+            raise OutputError(f"{printable(os.fspath(target))}: refusing to overwrite it: the weights of a loaded "
+                              "model are read from it (save to another name, or load the weights into memory "
+                              "first: onnx_ir.external_data.load_to_model)")
 
 
 def without_value_info(model: ir.Model) -> ir.Model:
@@ -599,18 +660,23 @@ def write_text(path: str | os.PathLike, text: str, what: str, protected: dict[st
     tmp = None
     try:
         with scratch.uninterrupted():  # an interrupt waits until the file's name is held
-            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+            fd, tmp = scratch.make_file(scratch.temp_prefix(os.path.basename(path)), suffix=".tmp", parent=parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if hasattr(os, "fchmod"):  # mkstemp makes it 0600; a new file follows the umask, as the model
+                os.fchmod(f.fileno(), outputs.creation_mode())
             f.write(text)
         with scratch.uninterrupted():
-            os.replace(tmp, path)
+            group = outputs.Staged(what, [(tmp, path)])
             tmp = None
+            outputs.put_in_place(group)  # now, or with the other outputs of the open transaction
     except OSError as e:
         raise OutputError(f"{printable(path)}: cannot write {what}: {e.strerror or e}") from e
     finally:
         if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            with scratch.uninterrupted():
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                scratch.settled(tmp)
 
 
 def _same_file(a: str, b: str) -> bool:

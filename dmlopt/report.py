@@ -39,7 +39,7 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt import html_report
-from dmlopt.errors import UsageError, printable, printable_tree
+from dmlopt.errors import TEXT_WIDTH, UsageError, printable, printable_tree
 from dmlopt.graph_check import describe_values, op_counts
 from dmlopt.targets.dml import real_ep
 from dmlopt.jsontext import json_text
@@ -163,9 +163,9 @@ def _session_text(capture: dict[str, Any] | None, session: dict[str, Any] | None
     """The readiness line and, once the configuration file is written, the snippet that loads it."""
     parts = []
     if capture:
-        parts.append(capture["line"])
+        parts.append(printable(capture["line"], TEXT_WIDTH))  # holds dim and node names from the model
     if session and session.get("path"):
-        parts.append(f"session configuration: {session['path']} (create the session with):\n"
+        parts.append(f"session configuration: {printable(session['path'])} (create the session with):\n"
                      + "\n".join("    " + line if line else "" for line in session["snippet"].splitlines()))
     return parts
 

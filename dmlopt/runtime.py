@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dmlopt import scratch
+from dmlopt import limits, scratch
 from dmlopt.errors import InputError, ProviderError
 from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
 from dmlopt.targets.webgpu import adapter as webgpu_adapter
@@ -386,7 +386,7 @@ def input_specs(model: ir.Model, shapes: Mapping[str, list[int]] | None = None,
 
 # A declared dim can be anything up to 2**63; refuse before numpy tries to allocate it.  Counted
 # in the bytes really generated, over all inputs together.
-MAX_RANDOM_INPUT_BYTES = 2**31
+MAX_RANDOM_INPUT_BYTES = limits.INPUT_BYTES
 # Float16 inputs are drawn in float32 this many elements at a time.
 RANDOM_CHUNK = 1 << 20
 

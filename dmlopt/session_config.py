@@ -234,6 +234,13 @@ def check_path(path: str | os.PathLike, protected: Mapping[str, str] | None = No
                           "overwrite it (move it, or pass --no-session-config)")
 
 
+def earlier_config(output: str | os.PathLike) -> str | None:
+    """An earlier run's session configuration beside `output`, which a new model without one
+    must not keep (it describes the previous model): its path, or None."""
+    path = config_path(output)
+    return path if os.path.isfile(path) and _is_session_config(path) else None
+
+
 def _is_session_config(path: str) -> bool:
     try:
         with open(path, encoding="utf-8") as f:

@@ -26,6 +26,7 @@ import math
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 
 from dmlopt.errors import InputError
 
@@ -144,8 +145,8 @@ def inferred_values(model: ir.Model, *, data_prop: bool = True) -> dict[ir.Graph
     The returned values are detached copies carrying only ``type`` and ``shape``; `model` is not
     changed.  Raises what onnx raises (callers treat inference as best effort).
     """
+    data_prop = data_prop and data_propagation_allowed(model)
     proto = weightless_proto(model)
-    data_prop = data_prop and not _gathers_from_huge_vector(proto)
     proto = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=data_prop)
     found: dict[ir.Graph, dict[str, ir.Value]] = {}
     _collect(model.graph, proto.graph, found)
@@ -206,20 +207,92 @@ def _collect(graph: ir.Graph, proto: onnx.GraphProto, found: dict[ir.Graph, dict
                     _collect(sub, sub_proto, found)
 
 
-# onnx's data propagation through Gather holds one shape dim per element of a 1-D data input: a
-# 1-D weight of 275M elements (tests/test_external_data.py) took 20 GB.  Shape arithmetic never
-# gathers from a vector that large, so above this size data propagation is left off.
-HUGE_VECTOR_ELEMENTS = 1 << 20
+# onnx's data propagation (data_prop=True) holds one shape dim (~75 bytes) per element of every
+# 1-D vector it propagates (of any type, a graph input's included), per node that reads it: a 200-byte model whose 1-D input of a
+# million elements is concatenated with itself 40 times took 2.9 GB, and Gather from a 1-D weight
+# of 275M elements (tests/test_external_data.py) 20 GB.  Shape arithmetic propagates vectors of a
+# few elements, so when the elements propagated could pass this budget, data propagation is left
+# off (shapes are then inferred without it).
+DATA_PROP_BUDGET = 1 << 21  # elements: ~150 MB at most
+_CONCATENATING = ("Concat",)
+_SHAPE_OPS = ("Shape", "Size")
+_SHAPE_RANK_GUESS = 8  # elements of a Shape output whose input's rank is not declared
 
 
-def _gathers_from_huge_vector(proto: onnx.ModelProto) -> bool:
-    """Whether a main-graph Gather reads a declared 1-D input of more than HUGE_VECTOR_ELEMENTS."""
-    huge = set()
-    for value in proto.graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if len(dims) == 1 and dims[0].HasField("dim_value") and dims[0].dim_value > HUGE_VECTOR_ELEMENTS:
-            huge.add(value.name)
-    return bool(huge) and any(n.op_type == "Gather" and n.input and n.input[0] in huge for n in proto.graph.node)
+def data_propagation_cost(model: ir.Model) -> int:
+    """An upper bound on the vector elements onnx's data propagation would materialize for `model`.
+
+    Sources: tensors of rank 0 or 1 with a known size (graph inputs, initializers, which
+    `weightless_proto` declares as inputs, Constant values) and Shape/Size outputs.  Each node
+    reading one yields a result the size of its inputs together (Concat) or of the largest
+    (anything else); every result counts, and results feed later nodes, so chains and fan-outs
+    add up.  Counted without serializing or running anything, in one walk of every graph."""
+    sizes: dict[int, int] = {}
+    total = 0
+
+    def declare(value: ir.Value, shape) -> None:
+        if shape is None:
+            return
+        dims = list(shape)
+        if len(dims) == 0:
+            sizes[id(value)] = 1
+        elif len(dims) == 1 and isinstance(dims[0], int):
+            sizes[id(value)] = max(dims[0], 0)
+
+    def walk(graph) -> bool:
+        nonlocal total
+        for value in getattr(graph, "inputs", ()):
+            declare(value, value.shape)
+        for value in getattr(graph, "initializers", {}).values():
+            declare(value, value.const_value.shape if value.const_value is not None else value.shape)
+        for node in graph:
+            for attr in node.attributes.values():
+                if attr.is_ref():
+                    continue
+                if attr.type == ir.AttributeType.GRAPH:
+                    if walk(attr.value):
+                        return True
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for g in attr.value:
+                        if walk(g):
+                            return True
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                attr = node.attributes.get("value")
+                if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
+                    declare(node.outputs[0], attr.value.shape)
+                continue
+            if node.op_type in _SHAPE_OPS:
+                for out in node.outputs:
+                    sizes[id(out)] = _SHAPE_RANK_GUESS
+                continue
+            read = [sizes[id(v)] for v in node.inputs if v is not None and id(v) in sizes]
+            if not read:
+                continue
+            result = sum(read) if node.op_type in _CONCATENATING else max(read)
+            total += result
+            for out in node.outputs:
+                sizes[id(out)] = result
+            if total > DATA_PROP_BUDGET:
+                return True
+        return False
+
+    walk(model.graph)
+    for function in model.functions.values():
+        walk(function)
+    return total
+
+
+def data_propagation_allowed(model: ir.Model) -> bool:
+    """Whether onnx's data propagation on `model` stays within DATA_PROP_BUDGET."""
+    return data_propagation_cost(model) <= DATA_PROP_BUDGET
+
+
+def onnx_shape_inference(model: ir.Model, *, strict: bool = False) -> None:
+    """onnx_ir's ShapeInferencePass (the whole model serialized, types and shapes set in place),
+    with data propagation only where it stays bounded (`data_propagation_allowed`).  Every
+    route to onnx's whole-model inference goes through here or `infer_shapes`."""
+    check_function_expansion(model)
+    common_passes.ShapeInferencePass(strict_mode=strict, data_prop=data_propagation_allowed(model))(model)
 
 
 def folded_elements(node: ir.Node, opset: int | None = None, const=None) -> list[int] | None:

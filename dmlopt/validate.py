@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from typing import Any, Mapping
 
@@ -25,6 +26,7 @@ import onnx_ir as ir
 
 from dmlopt import runtime
 from dmlopt.errors import InputError, UsageError
+from dmlopt.inputs_file import read_npz
 from dmlopt.model import ModelLike, load
 from dmlopt.names import numbered_name
 from dmlopt.shape_inference import infer_shapes
@@ -81,13 +83,8 @@ class Validation:
 
 
 def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except FileNotFoundError as e:
-        raise InputError(f"{path}: no such inputs file") from e
-    except Exception as e:  # noqa: BLE001
-        raise InputError(f"{path}: not a readable .npz file of inputs ({e})") from e
+    """An --inputs .npz, sized before it is read (dmlopt.inputs_file)."""
+    return read_npz(path)
 
 
 def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0) -> dict[str, np.ndarray]:
@@ -119,17 +116,21 @@ def _static(model, name: str) -> bool:
 
 def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]] | None = None,
              dims: Mapping[str, int] | None = None, inputs=None, atol: float | None = None,
-             rtol: float | None = None, seed: int = 0, ep: str = "cpu") -> Validation:
-    """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output.
+             rtol: float | None = None, seed: int = 0, ep: str = "cpu",
+             allow_nonfinite: bool = False) -> Validation:
+    """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output
+    (`compare`; `allow_nonfinite`: outputs with no finite value may pass, see there).
     `ep`: the provider CAND runs on (REF stays on the CPU EP, the reference): a kernel of that EP
     that computes differently shows as a mismatch (WebGPU's MultiHeadAttention on lavapipe)."""
+    tolerances(np.dtype(np.float32), atol, rtol)  # bad tolerances refused before any work
     ref_model, cand_model = load(ref), load(cand)
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
     feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed)
     ref_out = run(ref_model, feeds)
     cand_out = run(cand_model, feeds, ep)
-    checks = [compare(name, ref_out[name], cand_out.get(name), atol, rtol) for name in ref_out]
+    checks = [compare(name, ref_out[name], cand_out.get(name), atol, rtol, allow_nonfinite=allow_nonfinite)
+              for name in ref_out]
     return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed)
 
 
@@ -147,7 +148,16 @@ def run(model, feeds: Mapping[str, np.ndarray], target: str = "cpu") -> dict[str
     # and validation holds the reference outputs while the candidate runs.  (The session is freed
     # on return, before the next model's starts; ORT's arena without it, or growing by exactly what
     # is asked through env allocators, raises validation's peak instead of lowering it.)
-    return {name: np.array(value, copy=True) for name, value in zip(names, values)}
+    return {name: _copied(value) for name, value in zip(names, values)}
+
+
+def _copied(value):
+    """A copy of an output: a tensor, or a sequence's elements one by one (their shapes may differ)."""
+    if isinstance(value, (list, tuple)):
+        return [_copied(v) for v in value]
+    if isinstance(value, dict):  # a map (ZipMap): compared as one object
+        return dict(value)
+    return np.array(value, copy=True)
 
 
 HALF, FULL = ir.DataType.FLOAT16, ir.DataType.FLOAT
@@ -253,6 +263,9 @@ def as_input_type(value, ort_type: str) -> np.ndarray:
 
 
 def tolerances(dtype: np.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
+    for name, value in (("atol", atol), ("rtol", rtol)):  # the API's values too (the CLI parses them)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{name}={value}: a tolerance must be a finite number >= 0")
     default = DEFAULT_TOLERANCES.get(np.dtype(dtype).name, (0.0, 0.0))
     return (default[0] if atol is None else atol, default[1] if rtol is None else rtol)
 
@@ -262,7 +275,16 @@ def tolerances(dtype: np.dtype, atol: float | None, rtol: float | None) -> tuple
 COMPARE_CHUNK = 1 << 20
 
 
-def compare(name: str, ref: np.ndarray, cand: np.ndarray | None, atol=None, rtol=None) -> OutputCheck:
+def compare(name: str, ref, cand, atol=None, rtol=None, *, allow_nonfinite: bool = False) -> OutputCheck:
+    """One output of the candidate against the reference's.
+
+    Types and shapes first: a float output never passes against a bool or int one (float widths
+    may differ: a float16 interface asked for with --fp16).  A comparison with nothing finite to
+    compare (every value NaN or infinite in both) is not a pass: two different models agree
+    there.  It passes only with `allow_nonfinite`, and only where both hold the same non-finite
+    values in the same places.  Sequence outputs (lists) are compared element by element."""
+    if isinstance(ref, (list, tuple)) or isinstance(cand, (list, tuple)):
+        return _compare_sequence(name, ref, cand, atol, rtol, allow_nonfinite)
     ref = np.asarray(ref)
     a, r = tolerances(ref.dtype, atol, rtol)
 
@@ -272,6 +294,8 @@ def compare(name: str, ref: np.ndarray, cand: np.ndarray | None, atol=None, rtol
     if cand is None:
         return failed("output missing")
     cand = np.asarray(cand)
+    if cand.dtype != ref.dtype and not (ref.dtype.kind == "f" and cand.dtype.kind == "f"):
+        return failed(f"dtype {cand.dtype} != {ref.dtype}")
     if cand.shape != ref.shape:
         return failed(f"shape {list(cand.shape)} != {list(ref.shape)}")
     if ref.dtype.kind not in "biufc" or cand.dtype.kind not in "biufc":  # strings: equal or not
@@ -280,6 +304,7 @@ def compare(name: str, ref: np.ndarray, cand: np.ndarray | None, atol=None, rtol
         return failed("values differ")
     x_all, y_all = np.ravel(ref), np.ravel(cand)
     max_abs = scale = dot = xx = yy = 0.0
+    finite_pairs = 0
     for start in range(0, x_all.size, COMPARE_CHUNK):
         x = x_all[start:start + COMPARE_CHUNK].astype(np.float64)
         y = y_all[start:start + COMPARE_CHUNK].astype(np.float64)
@@ -288,6 +313,7 @@ def compare(name: str, ref: np.ndarray, cand: np.ndarray | None, atol=None, rtol
             return failed("NaNs differ", float("nan"))
         finite = ~nan_x
         x, y = x[finite], y[finite]
+        finite_pairs += int(np.count_nonzero(np.isfinite(x) & np.isfinite(y)))
         same_inf = np.isinf(x) & (x == y)
         with np.errstate(invalid="ignore"):  # inf - inf where both are the same inf: masked to 0 here
             diff = np.where(same_inf, 0.0, np.abs(x - y))
@@ -299,9 +325,40 @@ def compare(name: str, ref: np.ndarray, cand: np.ndarray | None, atol=None, rtol
         dot += float(np.dot(xv, yv))
         xx += float(np.dot(xv, xv))
         yy += float(np.dot(yv, yv))
+    if x_all.size and not finite_pairs:  # every value NaN or infinite: nothing was compared
+        if not allow_nonfinite:
+            return failed("no finite values to compare (all NaN/inf; see --allow-nonfinite)", float("nan"))
+        if max_abs != 0.0:
+            return failed("non-finite values differ", float("nan"))
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
     nx, ny = float(np.sqrt(xx)), float(np.sqrt(yy))
     cosine = float(dot / (nx * ny)) if nx > 0 and ny > 0 else (1.0 if nx == ny else 0.0)
     passed = bool(np.isfinite(max_abs) and max_abs <= a + r * scale)
     return OutputCheck(name, str(ref.dtype), list(ref.shape), max_abs, max_rel, cosine, a, r, passed,
                        "" if passed else "error above tolerance")
+
+
+def _compare_sequence(name: str, ref, cand, atol, rtol, allow_nonfinite: bool) -> OutputCheck:
+    """A sequence output: same length, then each element as an output of its own (their shapes
+    may differ from one element to the next); the worst element decides."""
+    length = len(ref) if isinstance(ref, (list, tuple)) else 0
+    a, r = atol if atol is not None else 0.0, rtol if rtol is not None else 0.0
+
+    def failed(reason: str) -> OutputCheck:
+        return OutputCheck(name, "sequence", [length], float("inf"), float("inf"), 0.0, a, r, False, reason)
+
+    if cand is None:
+        return failed("output missing")
+    if not isinstance(ref, (list, tuple)) or not isinstance(cand, (list, tuple)):
+        return failed("a sequence against a tensor")
+    if len(cand) != len(ref):
+        return failed(f"sequence length {len(cand)} != {len(ref)}")
+    checks = [compare(f"{name}[{i}]", x, y, atol, rtol, allow_nonfinite=allow_nonfinite)
+              for i, (x, y) in enumerate(zip(ref, cand))]
+    if not checks:
+        return OutputCheck(name, "sequence", [0], 0.0, 0.0, 1.0, a, r, True)
+    worst = next((c for c in checks if not c.passed), max(checks, key=lambda c: c.max_abs))
+    dtype = f"sequence({checks[0].dtype})"
+    return OutputCheck(name, dtype, [length], max(c.max_abs for c in checks), max(c.max_rel for c in checks),
+                       min(c.cosine for c in checks), worst.atol, worst.rtol, all(c.passed for c in checks),
+                       "" if worst.passed else f"element {worst.name[len(name):]}: {worst.reason}")

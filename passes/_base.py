@@ -188,7 +188,7 @@ class DmlPass(ir.passes.InPlacePass):
             if self.needs_shapes == "types":
                 shape_inference.infer_shapes(model)
             else:
-                common_passes.ShapeInferencePass(strict_mode=self.needs_shapes == "onnx-strict")(model)
+                shape_inference.onnx_shape_inference(model, strict=self.needs_shapes == "onnx-strict")
         if self.needs_fresh_names:
             self.fresh = fresh_names(model)
 

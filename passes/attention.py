@@ -57,10 +57,10 @@ import math
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 import onnxscript.rewriter.rules.common as onnxscript_rules
 from onnxscript.rewriter import pattern
 
+from dmlopt import shape_inference
 from dmlopt.target import DEFAULT_TARGET
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes, restore
 from dmlopt.passes._layout import CollapseLayoutChain, Cut, NotAView, View, ints, static_shape, trace
@@ -559,7 +559,7 @@ class AttentionPass(DmlPass):
 
     def _tidy(self, model: ir.Model) -> None:
         """Fold the layout chains around the fused nodes (case 3)."""
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
+        shape_inference.onnx_shape_inference(model)
         rules = [CollapseLayoutChain.rule(self, "Transpose"), CollapseLayoutChain.rule(self, "Reshape"),
                  onnxscript_rules.reshape_reshape_rule, onnxscript_rules.transpose_transpose_rule,
                  onnxscript_rules.no_op_transpose_rule]

@@ -50,9 +50,9 @@ import math
 import networkx as nx
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 import onnxscript.rewriter.rules.common as onnxscript_rules
 
+from dmlopt import shape_inference
 from dmlopt.passes._base import DmlPass, Option, apply_rules, remove_unused_nodes
 from dmlopt.passes._layout import (BINARY, REDUCE, SOFTMAX, UNARY, CollapseLayoutChain, NotAView, View, const_ints,
                                    inverse, merge_contiguous, reduce_axes, static_shape, trace, transpose_count)
@@ -554,7 +554,7 @@ class WindowLayoutPass(DmlPass):
         remove_unused_nodes(model)
         tidy = [CollapseLayoutChain.rule(None, "Transpose"), CollapseLayoutChain.rule(None, "Reshape"),
                 onnxscript_rules.reshape_reshape_rule]
-        common_passes.ShapeInferencePass(strict_mode=False)(model)
+        shape_inference.onnx_shape_inference(model)
         apply_rules(model, tidy)
         remove_unused_nodes(model)
         return True

@@ -182,14 +182,14 @@ def _raises(exc: BaseException, real=None):
     return arrives
 
 
-@pytest.mark.parametrize("where", ["writing the report", "inside save, after the rename"])
-def test_a_signal_after_the_output_is_in_place_says_it_was_written(cli, model_path, tmp_path, monkeypatch, where):
-    """SIGTERM while the report is written, or Ctrl-C arriving in save after the output's rename:
-    out.onnx (and, by the report, its session configuration) is there and complete, so the message
-    names it instead of 'nothing was written'."""
+@pytest.mark.parametrize("where", ["writing the report", "inside save, after it staged the model"])
+def test_a_signal_before_the_outputs_are_put_in_place_leaves_none_of_them(cli, model_path, tmp_path, monkeypatch,
+                                                                          where):
+    """The outputs are one transaction (dmlopt.outputs): SIGTERM while the report is written, or
+    Ctrl-C in save after the model is staged, leaves no model, no session configuration, no
+    report and no temporary file, and the message says that nothing was written."""
     import signal
 
-    import dmlopt
     import dmlopt.cli as cli_mod
     import dmlopt.report as report_mod
 
@@ -202,9 +202,32 @@ def test_a_signal_after_the_output_is_in_place_says_it_was_written(cli, model_pa
         expected_code, start = 130, "dmlopt: interrupted; "
     r = cli("optimize", model_path, "-o", out, "--report", report, "--target", "cpu", "--no-time", "-q")
     assert r.code == expected_code, r.err
-    written = f"{out}, {tmp_path / 'out.session.json'}" if where == "writing the report" else f"{out}"
-    assert r.err.strip() == start + f"already written (complete): {written}", r.err
-    assert len(dmlopt.load(out).graph) > 0 and not report.exists()
+    assert r.err.strip() == start + "nothing was written", r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [model_path.name]
+
+
+def test_a_signal_during_the_renames_waits_and_names_every_file(cli, model_path, tmp_path, monkeypatch):
+    """Ctrl-C arriving at the first rename of the transaction waits until every output is in
+    place; the message then names them all (complete)."""
+    import dmlopt
+    from dmlopt import outputs, scratch
+
+    real = outputs.os.replace
+    calls = []
+
+    def replace_then_signal(src, dst):
+        real(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:
+            scratch.raise_or_defer(KeyboardInterrupt())
+
+    monkeypatch.setattr(outputs.os, "replace", replace_then_signal)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    r = cli("optimize", model_path, "-o", out, "--report", report, "--target", "cpu", "--no-time", "-q")
+    assert r.code == 130, r.err
+    written = f"{out}, {tmp_path / 'out.session.json'}, {report}"
+    assert r.err.strip() == f"dmlopt: interrupted; already written (complete): {written}", r.err
+    assert len(dmlopt.load(out).graph) > 0 and report.exists() and len(calls) == 3
 
 
 def test_a_signal_before_anything_is_written_still_says_nothing_was_written(cli, model_path, tmp_path, monkeypatch):

@@ -171,11 +171,11 @@ def test_gather_from_a_huge_vector_skips_onnx_data_propagation():
     the 275M-element weights of tests/test_external_data.py); readiness must stay cheap."""
     from dmlopt import shape_inference
 
-    n = shape_inference.HUGE_VECTOR_ELEMENTS + 1
+    n = shape_inference.DATA_PROP_BUDGET + 1
     w = numpy_helper.from_array(np.zeros(n, dtype=np.float32), "W")
     m = _model([helper.make_node("Gather", ["W", "idx"], ["y"], name="gather")],
                [helper.make_tensor_value_info("idx", TensorProto.INT64, [4])], [_f("y", [4])], [w])
-    assert shape_inference._gathers_from_huge_vector(shape_inference.weightless_proto(m))
+    assert shape_inference.data_propagation_cost(m) > shape_inference.DATA_PROP_BUDGET
     assert graph_capture_readiness(m, "dml").ready
 
 

@@ -220,11 +220,36 @@ def _stopped(pid: int, timeout: float = 10.0) -> bool:
     return False
 
 
+def _children(pid: int) -> list[int]:
+    """The processes `pid` forked (dmlopt's supervised worker), from /proc."""
+    try:
+        return [int(c) for c in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _pending(pid: int, sig: int, timeout: float = 10.0) -> bool:
+    """Wait until `sig` is pending for `pid` (the supervisor has passed it on to the frozen worker)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = pathlib.Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        masks = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("ShdPnd:", "SigPnd:"))]
+        if any(m & (1 << (sig - 1)) for m in masks):
+            return True
+        time.sleep(0.0005)
+    return False
+
+
 def _interrupt_when(proc: subprocess.Popen, appeared, timeout: float = 120.0, sig=signal.SIGINT) -> bool:
     """Poll until `appeared()` is true, then send `sig` (SIGINT) while it still is; False if the
-    process ended first.  Where the platform allows, the process is frozen (SIGSTOP, waited for)
-    and the moment checked again before the signal is sent and the process resumed: on a loaded
-    machine the moment cannot pass between the check and the signal."""
+    process ended first.  Where the platform allows, the process and its worker (dmlopt runs the
+    command in a supervised child: dmlopt.supervisor) are frozen (SIGSTOP, waited for) and the
+    moment checked again; the signal goes to the process, which is resumed and passes it on, and
+    the worker resumes only once the signal waits for it: on a loaded machine the moment cannot
+    pass between the check and the signal."""
     freeze = hasattr(signal, "SIGSTOP") and pathlib.Path(f"/proc/{proc.pid}/stat").exists()
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
@@ -232,13 +257,23 @@ def _interrupt_when(proc: subprocess.Popen, appeared, timeout: float = 120.0, si
             if not freeze:
                 proc.send_signal(sig)
                 return True
-            proc.send_signal(signal.SIGSTOP)
+            workers = _children(proc.pid)
+            frozen = [proc.pid, *workers]
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
             try:
-                if _stopped(proc.pid) and appeared():  # frozen: still so when the signal is taken
+                if all(_stopped(pid) for pid in frozen) and appeared():  # frozen: still so when the signal is taken
                     proc.send_signal(sig)
+                    os.kill(proc.pid, signal.SIGCONT)
+                    for pid in workers:
+                        _pending(pid, sig)
                     return True
             finally:
-                proc.send_signal(signal.SIGCONT)
+                for pid in frozen:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
         time.sleep(0.002)
     return False
 

@@ -20,7 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Lowest first: a module may import its own layer and those below it.
 LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
-               "dmlopt.target", "dmlopt.scratch", "dmlopt.data",
+               "dmlopt.target", "dmlopt.scratch", "dmlopt.data", "dmlopt.outputs", "dmlopt.arg_types",
+               "dmlopt.limits", "dmlopt.inputs_file", "dmlopt.supervisor",
                # WebGPU facts from ORT's source and the Vulkan adapter list: read by passes and runtime alike.
                "dmlopt.targets.webgpu.registry", "dmlopt.targets.webgpu.adapter"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",

@@ -81,6 +81,7 @@ def split_by_placement(model: ir.Model, placement: placement_mod.Placement | Map
     order = sorted(groups, key=lambda key: (key[0], key[1] != (devices[0] if nodes else "gpu")))
     proto = ir.to_proto(work)
     value_infos = _value_infos(proto)
+    _type_from_ort(work, value_infos)
     initializers = {t.name: t for t in proto.graph.initializer}
     graph_outputs = [v.name for v in graph.outputs]
     read_by: dict[str, set[int]] = {}
@@ -152,6 +153,42 @@ def _value_infos(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     for vi in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
         infos[vi.name] = vi
     return infos
+
+
+def _type_from_ort(model: ir.Model, infos: dict[str, onnx.ValueInfoProto]) -> None:
+    """Types onnx cannot infer (the outputs of com.microsoft ops such as the MultiHeadAttention
+    dmlopt writes, and everything after them), as ONNX Runtime types them: each such value is
+    made a graph output of a copy and a CPU session is created (nothing runs).  Best effort: a
+    value ORT cannot type either stays unknown, and `_info` says so if a part needs it."""
+    missing = [o for node in model.graph for o in node.outputs
+               if o.name and not _typed(infos.get(o.name)) and not o.is_graph_output()]
+    if not missing:
+        return
+    probe = model.clone()
+    known = {o.name for o in probe.graph.outputs}
+    for node in probe.graph:
+        for out in node.outputs:
+            if out.name in {v.name for v in missing} and out.name not in known:
+                probe.graph.outputs.append(out)
+                known.add(out.name)
+    try:
+        sess = runtime.session(probe, "cpu", optimize=False, share_weights=True)
+    except (InputError, RuntimeError, ValueError):  # ORT cannot load it either: `_info` names the value
+        return
+    for arg in sess.get_outputs():
+        if _typed(infos.get(arg.name)):
+            continue
+        dtype = runtime.NUMPY_TYPES.get(arg.type)
+        if dtype is None:
+            continue
+        shape = [d if isinstance(d, int) and d >= 0 else (d if isinstance(d, str) and d else None)
+                 for d in (arg.shape or [])]
+        infos[arg.name] = onnx.helper.make_tensor_value_info(
+            arg.name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape if arg.shape is not None else None)
+
+
+def _typed(info: onnx.ValueInfoProto | None) -> bool:
+    return info is not None and info.type.HasField("tensor_type") and bool(info.type.tensor_type.elem_type)
 
 
 def _info(infos: dict[str, onnx.ValueInfoProto], name: str) -> onnx.ValueInfoProto:
