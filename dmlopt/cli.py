@@ -205,7 +205,7 @@ def build_parser() -> Parser:
     p.add_argument("--atol", type=float, help="absolute tolerance for validation (default by dtype)")
     p.add_argument("--rtol", type=float, help="tolerance relative to the output's magnitude (default by dtype)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines and the written paths")
     _add_session_config_args(p)
     seen = set()
     for name, (cls, opt) in pass_options().items():
@@ -266,7 +266,7 @@ def build_parser() -> Parser:
                    help="time as DirectML of that ORT version would place the graph (e.g. dml-1.14): predicted "
                         "CPU nodes on the CPU EP, the rest on CUDA when present")
     p.add_argument("--json", action="store_true", help="print a JSON object")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict (no progress, no tables)")
 
     _add_calibrate_parser(sub)
 
@@ -343,7 +343,7 @@ def cmd_optimize(args) -> int:
     if args.report:
         with args.writes.writing(args.report):
             report_mod.write(rep, args.report)
-    print(rep.to_json() if args.json else rep.to_table())
+    print(rep.to_json() if args.json else "\n".join(map(printable, rep.verdict())) if args.quiet else rep.to_table())
     if not ok:
         where = f" (first failing pass: {rep.broken_by})" if rep.broken_by else ""
         if args.force:
@@ -477,7 +477,8 @@ def cmd_bench(args) -> int:
         if args.tune_ep:
             out = bench.tune_ep(model, target, **common)
         elif args.compare:
-            out = bench.compare({"model": model, "other": load(args.compare)}, target, **common)
+            names = _model_labels(args.model, args.compare)
+            out = bench.compare({names[0]: model, names[1]: load(args.compare)}, target, **common)
         else:
             out = bench.time_model(model, target, **common)
     except InputError as e:
@@ -485,8 +486,15 @@ def cmd_bench(args) -> int:
             raise
         # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
         raise InputError(f"{e} ({graph_capture_readiness(model, 'cuda').line()})") from e
-    print(json_text(out) if args.json else bench.to_table(out, profile=args.profile))
+    print(json_text(out) if args.json else "\n".join(bench.verdict(out)) if args.quiet
+          else bench.to_table(out, profile=args.profile))
     return EXIT_OK
+
+
+def _model_labels(*paths: str) -> list[str]:
+    """Each model by its file name; the whole paths when two names are the same."""
+    names = [os.path.basename(p) for p in paths]
+    return names if len(set(names)) == len(names) else [os.fspath(p) for p in paths]
 
 
 def cmd_passes(args) -> int:

@@ -10,6 +10,7 @@ fails, the passes are replayed one at a time to name the one that broke it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ from dmlopt import report as report_mod
 from dmlopt import tune as tuning
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.targets.dml import placement
 from dmlopt.graph_check import PassBroke, check_model, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.passes import DmlPass, EngineSettings, Option, OptionStore, PassContext, all_passes
@@ -69,7 +71,9 @@ def select_passes(names: Sequence[str] | str | None) -> list[type[DmlPass]]:
         names = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in names if n not in registry]
     if unknown:
-        raise UsageError(f"unknown pass '{unknown[0]}' (known: {', '.join(registry)})")
+        close = difflib.get_close_matches(unknown[0], list(registry), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UsageError(f"unknown pass '{unknown[0]}'{hint} (known: {', '.join(registry)})")
     if not names:
         raise UsageError("no passes named")
     return [registry[n] for n in names]
@@ -162,6 +166,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     check_input(original)
     if shapes or dims:
         check_shapes(original, shapes, dims)
+    if validate and inputs is None:
+        runtime.input_specs(original, shapes, dims)  # dims nothing sizes are refused before any pass runs
     store = check_options(options)
     pass_classes = select_passes(passes)
     check_precision_passes(pass_classes, store, explicit=passes is not None, tune=tune)
@@ -209,11 +215,23 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
+    rep.not_timed = ("validation failed" if not out.passed else "--no-time" if retime is False
+                     else "--no-validate runs nothing" if not validate and not retime
+                     else f"{runtime.PROVIDERS[target]}, the target's provider, is not on this machine")
     if out.passed and (retime or (retime is None and validate and runtime.has_target(target))):
-        if progress:
+        if not any(p["modified"] for p in rep.passes):  # the same graph: a timing would only measure noise
+            rep.timing = {"provider": runtime.PROVIDERS[target], "identical": True,
+                          "verdict": "identical graph: no pass changed the model, nothing to time"}
+        elif progress:
             progress(f"time before/after on {target}")
-        rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,
-                                  progress=progress)
+        rep.not_timed = None
+        if not rep.timing:
+            rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims,
+                                      inputs=inputs, progress=progress)
+    if resolved.ep == "dml":  # the verdict DirectML users come for: CPU nodes, copies, partitions before -> after
+        version = resolved.table_version
+        rep.placement = {"before": placement.predict(original, ort_version=version).to_dict(),
+                         "after": placement.predict(out.model, ort_version=version).to_dict()}
     if out.passed:
         _session_recommendation(rep, work, context, tune, progress)
     return out

@@ -41,7 +41,10 @@ from dmlopt.graph_check import describe_values, op_counts
 from dmlopt.jsontext import json_text
 from dmlopt.model import initializer_bytes, write_text
 from dmlopt.tables import format_table
+from dmlopt.validate import shapes_text
 from dmlopt.version import __version__
+
+DML_PROVIDER = "DmlExecutionProvider"
 
 
 @dataclasses.dataclass
@@ -63,6 +66,7 @@ class Report:
     written: str | None = None
     forced: bool = False
     target_resolved: str | None = None
+    not_timed: str | None = None  # why there is no timing (None when timed)
 
     @classmethod
     def start(cls, model: ir.Model, *, target: str, ort_version: str | None, options: dict[str, Any]) -> "Report":
@@ -106,8 +110,41 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d = {"dmlopt_version": __version__, **d}
+        d = {"verdict": self.verdict(), "dmlopt_version": __version__, **d}
         return d
+
+    def verdict(self) -> list[str]:
+        """What the user came for, one line each: DirectML placement before -> after, numerics with
+        the shapes used, timing (or why none)."""
+        lines = []
+        p = self.placement or {}
+        if p.get("before") and p.get("after"):
+            b, a = p["before"], p["after"]
+            lines.append(f"DirectML (ORT {a.get('ort_version')}, predicted): CPU nodes {len(b['cpu_nodes'])} -> "
+                         f"{len(a['cpu_nodes'])}, copies {b['memcpy']['count']} -> {a['memcpy']['count']}, "
+                         f"partitions {b['partitions'].get('count', '?')} -> {a['partitions'].get('count', '?')}")
+        t = self.timing or {}
+        if t.get("provider") == DML_PROVIDER and t.get("copies_before") is not None:
+            lines.append(f"DirectML (measured): copies {t['copies_before']} -> {t['copies_after']}")
+        v = self.validation
+        if v is None:
+            lines.append("numerics: not checked (--no-validate)")
+        else:
+            where = shapes_text(v.get("inputs") or {}, v.get("input_basis"))
+            worst = max((o["max_rel"] for o in v["outputs"]), default=0.0)
+            state = (f"match (max relative error {worst:.2g})" if v["passed"]
+                     else "DIFFER" + (f" (first failing pass: {self.broken_by})" if self.broken_by else ""))
+            lines.append(f"numerics (ORT CPU EP): {state} on {where}")
+        if t.get("identical"):
+            lines.append(f"timing: {t['verdict']}")
+        elif t:
+            lines.append(f"timing on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms, "
+                         + t.get("verdict", f"x{t['speedup']:.2f}"))
+            if self.target == "dml" and t.get("provider") != DML_PROVIDER:
+                lines.append(f"note: timed on {t.get('provider')}, which does not represent DirectML")
+        else:
+            lines.append(f"timing: none ({self.not_timed or 'not asked for'})")
+        return lines
 
     def to_json(self) -> str:
         return json_text(self.to_dict())
@@ -118,15 +155,21 @@ class Report:
         passes, choices = printable_tree(self.passes), printable_tree(self.choices)
         validation = printable_tree(self.validation)
         rows = [("pass", "nodes", "changed", "rewrote", "declined", "time")]
+        idle = [p["name"] for p in passes if not p["modified"] and not p["sites"]]
         for p in passes:
+            if p["name"] in idle:
+                continue
             rewrote = sum(1 for s in p["sites"] if s["action"] == "rewrote")
             declined = sum(1 for s in p["sites"] if s["action"] == "declined")
             delta = ", ".join(f"{op} {n:+d}" for op, n in p["op_delta"].items()) or "-"
             rows.append((p["name"], f"{p['nodes_before']} -> {p['nodes_after']}", delta[:60], rewrote, declined,
                          f"{p['seconds']:.2f}s"))
-        parts = [format_table(rows)]
+        verdict = "\n".join(printable(line) for line in self.verdict())
         if self.target_resolved:
-            parts.insert(0, f"target: {printable(self.target_resolved)}")
+            verdict += f"\ntarget: {printable(self.target_resolved)}"
+        parts = [verdict, format_table(rows) if len(rows) > 1 else "no pass changed the graph"]
+        if idle:
+            parts[-1] += f"\nchanged nothing: {', '.join(idle)}"
         declines = [(p["name"], s) for p in passes for s in p["sites"] if s["action"] == "declined"]
         if declines:
             parts.append("declined:\n" + "\n".join(f"  {name}: {s['node']} ({s['op']}): {s['detail']}"
@@ -136,18 +179,11 @@ class Report:
         notes = [(p["name"], n) for p in passes for n in p["notes"]]
         if notes:
             parts.append("notes:\n" + "\n".join(f"  {name}: {n}" for name, n in notes))
-        for c in choices:
-            parts.append(f"{c['pass']} --{c['option'].replace('_', '-')}: chose {c['choice']} ({c.get('how', '')})")
+        parts.extend(_choices_text(choices, {p["name"] for p in passes if p["modified"]}))
         if self.fp16_repair is not None:
             parts.append(_fp16_repair_text(printable_tree(self.fp16_repair)))
         if validation is not None:
             parts.append(_validation_table(validation))
-            if self.broken_by:
-                parts.append(f"first failing pass: {self.broken_by}")
-        if self.timing:
-            t = self.timing
-            parts.append(f"latency on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms "
-                         f"(x{t['speedup']:.2f})")
         parts.extend(_session_text(self.graph_capture, self.session_config))
         return "\n\n".join(parts)
 
@@ -161,6 +197,21 @@ def _session_text(capture: dict[str, Any] | None, session: dict[str, Any] | None
         parts.append(f"session configuration: {session['path']} (create the session with):\n"
                      + "\n".join("    " + line if line else "" for line in session["snippet"].splitlines()))
     return parts
+
+
+def _choices_text(choices: list[dict[str, Any]], modified: set[str]) -> list[str]:
+    """One line per option that was timed or that acted on a pass that changed the graph; the
+    options left at their documented default in passes that touched nothing, in one line."""
+    lines, untouched = [], []
+    for c in choices:
+        flag = f"--{c['option'].replace('_', '-')}"
+        if c.get("candidates") or c["pass"] in modified or c["pass"] == "pipeline":
+            lines.append(f"{c['pass']} {flag}: chose {c['choice']} ({c.get('how', '')})")
+        else:
+            untouched.append(flag)
+    if untouched:
+        lines.append(f"left at their documented defaults, in passes that changed nothing: {', '.join(untouched)}")
+    return lines
 
 
 def _choice_summary(choice: dict[str, Any]) -> dict[str, Any]:
@@ -191,7 +242,7 @@ def _validation_table(v: dict[str, Any]) -> str:
     for o in v["outputs"]:
         rows.append((o["name"], f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}", f"{o['cosine']:.6f}",
                      "ok" if o["passed"] else "FAIL"))
-    return "validation (ORT CPU EP, " + ("passed" if v["passed"] else "FAILED") + "):\n" + format_table(rows)
+    return "validation per output:\n" + format_table(rows)
 
 
 def write(rep: Report, path) -> None:

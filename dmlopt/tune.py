@@ -90,7 +90,7 @@ class Decision:
         return self.how != "user"
 
 
-LEFT_AT_AUTO = "not timed: left at auto without --tune (set it to auto, or --tune, to measure)"
+LEFT_AT_AUTO = "the documented default, not timed (--tune, or the option set to auto, measures the candidates)"
 
 
 def decide(opt: Option, p: DmlPass, *, tune: bool, not_runnable: str | None) -> Decision:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import io
 import json
+import pathlib
 
 import numpy as np
 import onnx_ir as ir
@@ -257,10 +258,14 @@ def test_bench_profile_table_and_json(cli, model_path):
     assert profile["kernel_ms"] == pytest.approx(sum(e["ms"] for e in profile["op_time_ms"].values()))
 
 
-def test_bench_compare_table(cli, model_path):
-    r = cli("bench", model_path, "--compare", model_path, "--runs", 2, "--warmup", 1, "--dim", "N=1")
+def test_bench_compare_table(cli, model_path, tmp_path):
+    other = tmp_path / "other.onnx"
+    other.write_bytes(pathlib.Path(model_path).read_bytes())
+    r = cli("bench", model_path, "--compare", other, "--runs", 2, "--warmup", 1, "--dim", "N=1")
     assert r.code == 0, r.err
-    assert "ratio vs model" in r.out and "other" in r.out and "copies" in r.out
+    # each model by its file, the inputs both ran, the ratio with its spread and run count
+    assert "ratio vs model.onnx" in r.out and "other.onnx" in r.out and "copies" in r.out
+    assert "inputs (same for every model): x 1x" in r.out and "over 2 alternating pairs" in r.out
 
 
 @pytest.mark.skipif(runtime.has_target("cuda"), reason="CUDA is present here")

@@ -22,7 +22,7 @@ LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
                "dmlopt.target", "dmlopt.scratch", "dmlopt.data"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
-                   "dmlopt.graph_check", "dmlopt.names"],
+                   "dmlopt.graph_check", "dmlopt.names", "dmlopt.input_sizes"],
     "ONNX Runtime": ["dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
     # Each target's knowledge in one package (dmlopt.targets.<ep>); graph capture spans targets.
     "targets": ["dmlopt.targets", "dmlopt.targets.dml", "dmlopt.graph_capture"],
