@@ -114,11 +114,24 @@ def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *
         outputs = {o.name for o in ref.graph.outputs}
         raise UsageError(f"inputs file holds none of the model's inputs ({', '.join(names)}): it names "
                          + ", ".join(f"{k}{' (an output)' if k in outputs else _close(k, names)}" for k in inputs))
-    shapes = {**(shapes or {}), **{k: list(v.shape) for k, v in given.items()}}
+    shapes = {**_fully_static(cand, names), **(shapes or {}), **{k: list(v.shape) for k, v in given.items()}}
     specs = runtime.input_specs(ref, shapes, dims, fixed=input_sizes.static_dims(cand), basis=basis)
     feeds = runtime.random_inputs({k: v for k, v in specs.items() if k not in given}, seed)
     feeds.update(given)
     return feeds
+
+
+def _fully_static(model, names) -> dict[str, list[int]]:
+    """The inputs of `model` among `names` whose every dim is static, with their shapes."""
+    return {v.name: [int(d) for d in v.shape.dims] for v in input_sizes.runtime_inputs(model)
+            if v.name in names and _static(model, v.name)}
+
+
+def _static(model, name: str) -> bool:
+    for v in model.graph.inputs:
+        if v.name == name:
+            return v.shape is not None and all(isinstance(d, int) for d in v.shape.dims)
+    return False
 
 
 def _close(name: str, candidates) -> str:

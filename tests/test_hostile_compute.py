@@ -381,6 +381,6 @@ def test_onnx_runtime_failing_while_timing_is_exit_2(cli, tmp_path):
     shape = numpy_helper.from_array(np.array([2, 3], np.int64), "sh")
     src = _save(tmp_path / "badrun.onnx", [helper.make_node("Reshape", ["x", "sh"], ["y"])], [_vi("x", ["n"])],
                 [_vi("y", [2, 3])], [shape])
-    result = cli("bench", src, "--ep", "cpu")
+    result = cli("bench", src, "--ep", "cpu", "--dim", "n=1")
     assert result.code == 2
     assert "failed to run the model on CPUExecutionProvider while timing it" in one_error_line(result.err)

@@ -99,7 +99,7 @@ def test_snippet_creates_a_working_session_from_the_written_file(cli, tmp_path, 
     creates a session of the written model whose outputs match the original."""
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(conv_leaky_model(batch="N"), src)
-    r = cli("optimize", src, "-o", out, "-q", *dims)
+    r = cli("optimize", src, "-o", out, *dims)
     assert r.code == 0, r.err
     written = tmp_path / "out.session.json"
     cfg = json.loads(written.read_text())
