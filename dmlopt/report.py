@@ -137,11 +137,13 @@ class Report:
             lines.append(f"numerics (ORT CPU EP): {state} on {where}")
         if t.get("identical"):
             lines.append(f"timing: {t['verdict']}")
-        elif t:
+        elif t and isinstance(t.get("before_ms"), (int, float)) and isinstance(t.get("after_ms"), (int, float)):
             lines.append(f"timing on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms, "
                          + t.get("verdict", f"x{t['speedup']:.2f}"))
             if self.target == "dml" and t.get("provider") != DML_PROVIDER:
                 lines.append(f"note: timed on {t.get('provider')}, which does not represent DirectML")
+        elif t:
+            lines.append("timing: see the JSON report")
         else:
             lines.append(f"timing: none ({self.not_timed or 'not asked for'})")
         return lines

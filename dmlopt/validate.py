@@ -124,7 +124,7 @@ def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *
 def _fully_static(model, names) -> dict[str, list[int]]:
     """The inputs of `model` among `names` whose every dim is static, with their shapes."""
     return {v.name: [int(d) for d in v.shape.dims] for v in input_sizes.runtime_inputs(model)
-            if v.name in names and _static(model, v.name)}
+            if v.name in names and _static(model, v.name) and all(d >= 0 for d in v.shape.dims)}
 
 
 def _static(model, name: str) -> bool:

@@ -21,7 +21,7 @@ def _model(nodes, inputs, outputs, inits, **meta) -> onnx.ModelProto:
     return m
 
 
-def unet(seed: int = 0) -> onnx.ModelProto:
+def unet(seed: int = 0, input_name: str = "image") -> onnx.ModelProto:
     """Two MaxPool levels down, Resize up, Concat skips: needs H, W divisible by 4."""
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
@@ -33,7 +33,7 @@ def unet(seed: int = 0) -> onnx.ModelProto:
         nodes.append(helper.make_node("Relu", [f"{name}_c"], [name], name=f"{name}_relu"))
         return name
 
-    e1 = conv("image", 3, c, "e1")
+    e1 = conv(input_name, 3, c, "e1")
     nodes.append(helper.make_node("MaxPool", [e1], ["p1"], kernel_shape=[2, 2], strides=[2, 2]))
     e2 = conv("p1", c, c, "e2")
     nodes.append(helper.make_node("MaxPool", [e2], ["p2"], kernel_shape=[2, 2], strides=[2, 2]))
@@ -46,7 +46,7 @@ def unet(seed: int = 0) -> onnx.ModelProto:
         conv(f"{level}_cat", 2 * c, c, "d2" if level == "u2" else "d1")
     inits.append(_w(rng, "head_w", 1, c, 1, 1))
     nodes.append(helper.make_node("Conv", ["d1", "head_w"], ["mask"]))
-    return _model(nodes, [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+    return _model(nodes, [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", 3, "height", "width"])],
                   [helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", 1, "height", "width"])], inits)
 
 
