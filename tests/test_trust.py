@@ -10,7 +10,7 @@ import onnx_ir as ir
 import pytest
 
 import dmlopt
-from dmlopt import bench, input_sizes, runtime
+from dmlopt import bench, html_report, input_sizes, runtime
 from dmlopt.errors import InputError
 from tests import shape_models
 from tests.conftest import conv_leaky_model
@@ -190,3 +190,16 @@ def test_inspect_counts_attention_and_conv_transpose(cli, tmp_path):
     ir.save(model, path)
     r = cli("inspect", path)
     assert "attention (Softmax into MatMul, or fused): 1" in r.out and "ConvTranspose: 1 (strides 2x2)" in r.out
+
+
+def test_html_opens_with_the_verdict_and_charts_what_changed_in_kind():
+    rep = {"verdict": ["numerics (ORT CPU EP): match on x 1x3x64x64"],
+           "input": {"op_counts": {"Constant": 400, "Einsum": 24, "MatMul": 30, "Add": 50}},
+           "output": {"op_counts": {"Constant": 100, "com.microsoft.MultiHeadAttention": 12, "MatMul": 28, "Add": 50}},
+           "timing": {"provider": "CPUExecutionProvider", "identical": True, "verdict": "identical graph"}}
+    page = html_report.render(rep)
+    assert page.index('id="verdict"') < page.index('id="summary"')
+    chart = page[page.index('id="op-chart"'):page.index("</svg>", page.index('id="op-chart"'))]
+    labels = [line.split(">")[-1] for line in chart.split("</text>") if 'text-anchor="end"' in line]
+    assert set(labels[:2]) == {"com.microsoft.MultiHeadAttention", "Einsum"}  # in full, not clipped
+    assert "Constant" not in labels and "Add" not in labels
