@@ -646,6 +646,7 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
     return {"provider": result["provider"], "before_ms": b["latency_ms"]["median"],
             "after_ms": a["latency_ms"]["median"], "speedup": 1.0 / a["ratio_median"],
             "ratio_median": a["ratio_median"], "ratio": a["ratio"], "verdict": ratio_text(a["ratio"]),
-            "inputs": {k: list(v.shape) for k, v in feeds.items()}, "input_basis": basis, "runs": runs, "before": b["latency_ms"], "after": a["latency_ms"],
+            "inputs": {k: list(v.shape) for k, v in feeds.items()}, "input_basis": basis, "runs": runs,
+            "before": b["latency_ms"], "after": a["latency_ms"],
             "load_s_before": b["load_s"], "load_s_after": a["load_s"],
             "copies_before": b["copies"], "copies_after": a["copies"], "io_binding": a["io_binding"]}

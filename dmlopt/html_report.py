@@ -136,7 +136,8 @@ def _summary_cards(r: dict[str, Any]) -> str:
     if t and "before_ms" in t:
         cards.append(_card(f"latency ({_short_provider(t.get('provider'))})",
                            f"{t['before_ms']:.3g} &rarr; {t['after_ms']:.3g} ms",
-                           f"&times;{t['speedup']:.2f} (median of {esc(t.get('runs'))} alternating pairs)"))
+                           esc(t.get("verdict")
+                               or f"x{t['speedup']:.2f} (median of {t.get('runs')} alternating pairs)")))
         if t.get("copies_before") is not None:
             cards.append(_card("copies per run (measured)", f"{t['copies_before']} &rarr; {t.get('copies_after')}",
                                f"from ORT's profile on {esc(_short_provider(t.get('provider')))}"))
@@ -170,7 +171,8 @@ def _timing_section(r: dict[str, Any]) -> str:
          _num(t.get(key, {}).get("p90")), _num(t.get(f"load_s_{key}")), esc(_dash(t.get(f"copies_{key}"))))
         for label, key in (("before", "before"), ("after", "after"))], table_id="timing", numeric_from=1)
     return (f'<section><h2>Latency</h2><p class="note">Original and optimized model timed in alternation on '
-            f'{esc(t.get("provider"))}; speedup &times;{t["speedup"]:.2f} is the median of the per-pair ratios. '
+            f'{esc(t.get("provider"))}: {esc(t.get("verdict") or "")} (speedup &times;{t["speedup"]:.2f}, the median '
+            f'of the per-pair ratios). '
             f'Bars show the median, whiskers min&ndash;p90.</p>{chart}{table}</section>')
 
 
@@ -336,7 +338,8 @@ def _choices_section(r: dict[str, Any]) -> str:
         if cands and all(m.get("ratio") is not None for m in cands.values()):
             # The choice is made on the per-pair ratio (alternating runs), so that is what the bars show.
             bars = [_Bar(str(name), m["ratio"], tone="after" if str(name) == str(c["choice"]) else "before",
-                         text=f"\u00d7{m['ratio']:.3f} ({m['median_ms']:.3g} ms median)")
+                         text=f"\u00d7{m['ratio']:.3f}{_spread(m.get('ratio_spread'))} "
+                              f"({m['median_ms']:.3g} ms median)")
                     for name, m in cands.items()]
             parts.append(_bar_chart(bars, unit="", title=f"time relative to {c.get('baseline', 'the baseline')} "
                                                          f"(median of per-pair ratios; chosen in blue)"))
@@ -483,6 +486,14 @@ def _paired_chart(rows: Sequence[tuple[str, int, int]]) -> str:
                      f'fill="#5d6878">{before} &#8594; {after}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _spread(r: dict[str, Any] | None) -> str:
+    """`` (p10-p90 0.95-1.04, 10 pairs)`` for a ratio summary (bench.ratio_summary), else nothing."""
+    if not r:
+        return ""
+    noise = ", no measurable difference" if r["verdict"] == "no measurable difference" else ""
+    return f" (p10-p90 {r['p10']:.3f}-{r['p90']:.3f}, {r['runs']} pairs{noise})"
 
 
 def _label_width(labels: Iterable[str]) -> int:

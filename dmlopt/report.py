@@ -1,6 +1,8 @@
 """The report: what each pass changed or declined, what was measured; JSON and a table.
 
 The JSON schema (documented in README.md, key names are stable):
+  verdict      the lines the table opens with: DirectML placement before -> after, numerics with the
+               shapes used, timing with its spread (or why none)
   dmlopt_version, target, ort_version (as asked; null: the default), target_resolved (the target and
   the ORT version dmlopt reasoned about, one line), options,
   input  {nodes, op_counts, initializer_bytes, inputs, outputs}
@@ -13,12 +15,16 @@ The JSON schema (documented in README.md, key names are stable):
            options resolved from "auto" (each candidate timed as the whole pipeline's output, in the
            precision it names), then {pass: "pipeline", option: "result", choice: tuned|default|input}:
            the final comparison of the tuned output, the untuned default output and (--tune) the input
-  validation {passed, inputs, seed, outputs [{name, max_abs, max_rel, cosine, ...}]}
+  validation {passed, inputs, input_basis (where each chosen size came from), seed,
+              outputs [{name, max_abs, max_rel, cosine, ...}]}
   broken_by    first pass that broke numerics (when validation failed)
   fp16_repair  {passed, validation_runs, max_runs, kept [{node, op, found_by, detail, max_abs}],
                float16_nodes, reason, note} when float16 failed validation and the repair ran
-  timing       {provider, before_ms, after_ms, speedup, ratio_median, runs, before{}, after{},
-               load_s_before, load_s_after, copies_before, copies_after, io_binding} when re-timed
+  timing       {provider, before_ms, after_ms, speedup, ratio_median, ratio {median, p10, p90, runs, verdict},
+               verdict, inputs, input_basis, runs, before{}, after{}, load_s_before, load_s_after,
+               copies_before, copies_after, io_binding} when re-timed; {provider, identical: true, verdict}
+               when no pass changed the graph (nothing timed)
+  not_timed    why there is no timing (null when timed)
   placement    {before, after} predicted DirectML placement, when computed
   graph_capture  {target, provider, ort_version, ready, line, basis, blockers [{kind, summary, detail,
                nodes, known}], warnings}: graph-capture readiness of the output (targets dml, cuda)

@@ -46,7 +46,8 @@ def unet(seed: int = 0, input_name: str = "image") -> onnx.ModelProto:
         conv(f"{level}_cat", 2 * c, c, "d2" if level == "u2" else "d1")
     inits.append(_w(rng, "head_w", 1, c, 1, 1))
     nodes.append(helper.make_node("Conv", ["d1", "head_w"], ["mask"]))
-    return _model(nodes, [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+    image = helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", 3, "height", "width"])
+    return _model(nodes, [image],
                   [helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", 1, "height", "width"])], inits)
 
 

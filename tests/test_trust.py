@@ -55,7 +55,8 @@ def test_patch_vit_gets_the_size_its_position_table_implies(cli, tmp_path):
 
 def test_a_dim_nothing_sizes_is_refused_naming_it_and_the_flag(cli, tmp_path):
     path = _save(tmp_path, shape_models.token_model(), "tok.onnx")
-    for args in (("validate", path, path), ("bench", path, "--ep", "cpu"), ("optimize", path, "-o", tmp_path / "o.onnx")):
+    for args in (("validate", path, path), ("bench", path, "--ep", "cpu"),
+                 ("optimize", path, "-o", tmp_path / "o.onnx")):
         r = cli(*args)
         assert r.code == 2, (args, r.out)
         assert "'seq' (x[1])" in r.err and "--dim seq=N" in r.err and "Traceback" not in r.err
@@ -82,9 +83,10 @@ def test_the_user_sizes_win():
 def test_a_static_dim_the_graph_fixes_is_found():
     """A sequence added to a static table of 10 positions: 10 is the only size that fits."""
     model = ir.from_onnx_text('''<ir_version: 8, opset_import: ["" : 17]>
-        g (float[batch, seq, 4] x) => (float[batch, seq, 4] y) <float[1, 10, 4] pos = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0}> { y = Add(x, pos) }''')
+        g (float[batch, seq, 4] x, float[1, 10, 4] pos) => (float[batch, seq, 4] y) { y = Add(x, pos) }''')
+    pos = model.graph.inputs.pop()
+    pos.const_value = ir.tensor(np.zeros((1, 10, 4), np.float32))
+    model.graph.register_initializer(pos)
     assert runtime.input_specs(model)["x"][0] == [1, 10, 4]
 
 
