@@ -34,8 +34,11 @@ from dmlopt.shape_inference import weightless_proto
 
 # Spatial sizes start here (a multiple of the total stride at least this large).
 SPATIAL_FLOOR = 32
-# Multiples of the total stride tried for spatial dims before giving up.
-SPATIAL_TRIES = 32
+# Sizes tried for spatial dims before giving up: the first multiples of the total stride, then
+# multiples the graph's static sizes suggest, up to MAX_SPATIAL.
+SMALL_MULTIPLES = 8
+SPATIAL_TRIES = 40
+MAX_SPATIAL = 4096
 # Static sizes of the graph tried for another dim.
 STATIC_TRIES = 24
 # A size no graph fixes a dim to: accepted by strict inference, it shows the dim is free.
@@ -144,22 +147,25 @@ def choose(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
     for slot in batch:
         _assign(slot, 1, values, by_slot)
     if batch:
-        basis.append(f"{_names(batch)}=1 (batch)")
+        basis.append(f"{_names(batch)}=1 (axis 0, the batch)")
     rest = [s for s in rest if s not in batch and not _known(s, values, by_slot)]
     oracle = _Oracle(model, shapes, values, by_slot)
     strided = [s for s in rest if (s.input, s.axis) in spatial]
     if strided:
         stride = total_stride(model)
-        size = oracle.first_accepted(strided, _multiples(stride))
+        candidates = _spatial_candidates(model, stride)
+        size = oracle.first_accepted(strided, candidates)
         if size is None:
-            size = _multiples(stride)[0] if not oracle.informative else None
+            size = candidates[0] if not oracle.informative else None
         if size is None:
-            raise FreeDims(_refusal(model, strided, "no multiple of the total stride "
-                                    f"{stride} up to {_multiples(stride)[-1]} fits the graph's static shapes"))
+            raise FreeDims(_refusal(model, strided, f"none of the sizes tried ({', '.join(map(str, candidates))}: "
+                                    f"multiples of the total stride {stride}) fits the graph's static shapes"))
         for slot in strided:
             _assign(slot, size, values, by_slot)
-        basis.append(f"{_names(strided)}={size} (spatial: a multiple of the total stride {stride}"
-                     + ("" if oracle.informative else ", not checked: onnx cannot infer this graph's shapes") + ")")
+        basis.append(f"{_names(strided)}={size} (image dims: " + (
+            f"the smallest multiple of the total stride {stride} from {SPATIAL_FLOOR} that fits the graph's static "
+            "shapes" if oracle.informative else
+            f"a multiple of the total stride {stride}, unchecked: onnx cannot infer this graph's shapes") + ")")
     rest = [s for s in rest if s not in strided and not _known(s, values, by_slot)]
     free = []
     for slot in rest:
@@ -167,7 +173,7 @@ def choose(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
             continue
         size = None
         if oracle.informative and oracle.first_accepted([slot], [PROBE]) is None:
-            size = oracle.first_accepted([slot], _static_sizes(model))
+            size = oracle.first_accepted([slot], _static_sizes(model, STATIC_TRIES))
         if size is None:
             free.append(slot)
             continue
@@ -300,12 +306,21 @@ def total_stride(model: ir.Model) -> int:
     return need
 
 
-def _multiples(stride: int) -> list[int]:
+def _spatial_candidates(model: ir.Model, stride: int) -> list[int]:
+    """Multiples of `stride`, smallest first: the first few from SPATIAL_FLOOR up, then those the
+    graph's static sizes suggest (a position table of 64x64 or of 196 = 14*14 rows behind a stride
+    of 16: 1024, 224), SPATIAL_TRIES in all."""
     start = stride * max(1, -(-SPATIAL_FLOOR // stride))
-    return [start + k * stride for k in range(SPATIAL_TRIES)]
+    found = [start + k * stride for k in range(SMALL_MULTIPLES)]
+    for s in _static_sizes(model, limit=None):
+        root = math.isqrt(s)
+        for size in (s, s * stride, root * stride if root * root == s else 0):
+            if size >= SPATIAL_FLOOR and size % stride == 0 and size <= MAX_SPATIAL:
+                found.append(size)
+    return sorted(set(found))[:SPATIAL_TRIES]
 
 
-def _static_sizes(model: ir.Model) -> list[int]:
+def _static_sizes(model: ir.Model, limit: int | None = None) -> list[int]:
     """Sizes > 1 that the graph holds statically (initializer dims, small int constants), largest first."""
     sizes: set[int] = set()
     for v in model.graph.initializers.values():
@@ -315,7 +330,7 @@ def _static_sizes(model: ir.Model) -> list[int]:
         sizes.update(d for d in t.shape.numpy() if d > 1)
         if t.dtype in (ir.DataType.INT64, ir.DataType.INT32) and t.size <= 8:
             sizes.update(int(x) for x in t.numpy().ravel() if 1 < int(x) <= 1 << 20)
-    return sorted(sizes, reverse=True)[:STATIC_TRIES]
+    return sorted(sizes, reverse=True)[:limit]
 
 
 class _Oracle:

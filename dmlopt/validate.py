@@ -148,8 +148,15 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
         check_shapes(ref_model, shapes, dims)
     basis: list[str] = []
     feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed, basis=basis)
-    ref_out = run(ref_model, feeds)
-    cand_out = run(cand_model, feeds)
+    try:
+        ref_out = run(ref_model, feeds)
+        cand_out = run(cand_model, feeds)
+    except InputError as e:
+        if not basis:
+            raise
+        used = shapes_text({k: list(v.shape) for k, v in feeds.items()}, basis)
+        raise InputError(f"{e} (on the shapes dmlopt chose: {used}; give the model's real sizes with --shape or "
+                         "--dim)") from e
     checks = [compare(name, ref_out[name], cand_out.get(name), atol, rtol) for name in ref_out]
     return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed, basis)
 

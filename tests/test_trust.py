@@ -39,7 +39,7 @@ def test_super_resolution_unnamed_dims_get_a_real_image(cli, tmp_path):
     data = json.loads(r.out)
     assert data["inputs"]["lr"] == [1, 3, 32, 32]
     assert data["outputs"][0]["shape"] == [1, 3, 64, 64]  # DepthToSpace x2 of a 32x32 image, not 1x1
-    assert any("spatial" in b for b in data["input_basis"])
+    assert any("image dims: the smallest multiple of the total stride 1 from 32" in b for b in data["input_basis"])
 
 
 def test_patch_vit_gets_the_size_its_position_table_implies(cli, tmp_path):
