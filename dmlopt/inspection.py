@@ -10,12 +10,14 @@ from typing import Any
 
 import onnx_ir as ir
 
+from dmlopt import input_sizes
 from dmlopt.errors import printable_tree
 from dmlopt.targets.dml import placement
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.graph_check import describe_values, has_subgraphs, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.tables import format_table
+from dmlopt.validate import shapes_text
 from dmlopt.target import Target
 
 SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",
@@ -114,6 +116,11 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
             "control_flow": control,
         },
     }
+    try:  # what validation and timing would feed without --shape/--dim
+        sizes = input_sizes.choose(m)
+        info["validation_inputs"] = {"shapes": sizes.shapes, "basis": sizes.basis, "refused": None}
+    except input_sizes.FreeDims as e:
+        info["validation_inputs"] = {"shapes": None, "basis": [], "refused": str(e)}
     predicted = None
     prepared = placement.prepare(m)  # one copy serves the prediction and the readiness walk (both only read it)
     if ep == "dml":
@@ -134,6 +141,11 @@ def to_table(info: dict[str, Any]) -> str:
             lines.append(f"{kind[:-1]:<7} {v['name']}: {v['dtype']} [{shape}]")
     if info["free_dims"]:
         lines.append(f"free dims: {', '.join(info['free_dims'])} (freeze with --shape or --dim NAME=VALUE)")
+    chosen = info.get("validation_inputs")
+    if chosen and chosen["shapes"] is not None and chosen["basis"]:
+        lines.append(f"validated and timed by default on: {shapes_text(chosen['shapes'], chosen['basis'])}")
+    elif chosen and chosen["refused"]:
+        lines.append(f"validation and timing need sizes: {chosen['refused']}")
     lines.append("opsets: " + ", ".join(f"{d or 'ai.onnx'}={v}" for d, v in info["opsets"].items()))
     lines.append(f"nodes: {info['nodes']}   initializers: {info['initializer_bytes'] / 2**20:.2f} MiB")
     lines.append("")

@@ -205,3 +205,10 @@ def test_html_opens_with_the_verdict_and_charts_what_changed_in_kind():
     labels = [line.split(">")[-1] for line in chart.split("</text>") if 'text-anchor="end"' in line]
     assert set(labels[:2]) == {"com.microsoft.MultiHeadAttention", "Einsum"}  # in full, not clipped
     assert "Constant" not in labels and "Add" not in labels
+
+
+def test_inspect_says_which_shapes_validation_would_use(cli, tmp_path):
+    r = cli("inspect", _save(tmp_path, shape_models.unet(), "unet.onnx"))
+    assert "validated and timed by default on: image 1x3x32x32" in r.out
+    r = cli("inspect", _save(tmp_path, shape_models.token_model(), "tok.onnx"), "--json")
+    assert "--dim seq=N" in json.loads(r.out)["validation_inputs"]["refused"]
