@@ -84,6 +84,20 @@ def summary(times_ms: Sequence[float]) -> dict[str, float]:
             "p90": _percentile(times_ms, 90), "runs": len(times_ms)}
 
 
+# The metadata entry dmlopt writes into an optimized model: the target it was optimized for.
+TARGET_KEY = "dmlopt.target"
+
+
+def target_note(models: Sequence[ir.Model], provider: str) -> str | None:
+    """A line when a model optimized for one provider is timed on another (a DirectML model on the CPU)."""
+    for model in models:
+        target = (model.metadata_props or {}).get(TARGET_KEY)
+        if target in runtime.PROVIDERS and runtime.PROVIDERS[target] != provider:
+            return (f"note: optimized for {runtime.PROVIDERS[target]} (--target {target}); this timing on {provider} "
+                    f"does not represent {runtime.PROVIDERS[target]}")
+    return None
+
+
 # A ratio whose per-pair 10th..90th percentile range holds 1 is no measurable difference.
 SPREAD_PERCENTILES = (10, 90)
 
@@ -561,6 +575,11 @@ def verdict(result: dict[str, Any]) -> list[str]:
     """The lines `bench -q` prints: per compared model its ratio with spread (or the best options),
     else the median latency; and the inputs timed."""
     result = printable_tree(result)
+    note = [result["note"]] if result.get("note") else []
+    return _verdict(result) + note
+
+
+def _verdict(result: dict[str, Any]) -> list[str]:
     inputs = f" on {shapes_text(result['inputs'])}" if result.get("inputs") else ""
     if "models" not in result:
         return [f"median {result['latency_ms']['median']:.3f} ms on {result['provider']}{inputs} "
@@ -576,6 +595,11 @@ def to_table(result: dict[str, Any], *, profile: bool = False) -> str:
     Every string is escaped first: ORT's failure text and the model's names may hold control codes
     or newlines that must not reach the terminal or forge a line."""
     result = printable_tree(result)
+    note = ("\n" + result["note"]) if result.get("note") else ""
+    return _table(result, profile) + note
+
+
+def _table(result: dict[str, Any], profile: bool) -> str:
     if "models" not in result:
         lat = result["latency_ms"]
         rows = [("provider", "load s", "min ms", "median ms", "p90 ms", "runs", "copies"),

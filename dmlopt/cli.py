@@ -486,6 +486,9 @@ def cmd_bench(args) -> int:
             raise
         # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
         raise InputError(f"{e} ({graph_capture_readiness(model, 'cuda').line()})") from e
+    note = bench.target_note([model, *([load(args.compare)] if args.compare else [])], out["provider"])
+    if note:
+        out["note"] = note
     print(json_text(out) if args.json else "\n".join(bench.verdict(out)) if args.quiet
           else bench.to_table(out, profile=args.profile))
     return EXIT_OK

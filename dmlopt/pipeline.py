@@ -31,6 +31,8 @@ from dmlopt.shapes import check_shapes
 from dmlopt.target import Target
 from dmlopt.validate import validate as run_validation
 
+# The model's metadata entry naming the target dmlopt optimized it for.
+TARGET_KEY = bench.TARGET_KEY
 # Names pass options must not take: optimize()'s own keywords and the CLI's own flags (python spelling).
 ENGINE_KEYWORDS = frozenset({
     "model", "shapes", "dims", "passes", "target", "ort_version", "validate", "tune", "inputs", "atol", "rtol",
@@ -201,6 +203,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         before_fp16 = work.clone()  # tensors are shared, not copied
     work, _ = run(work, context.options, start=fp16_at or 0, only=outcome.only, on_pass=record, progress=progress)
     rep.finish(work, initializer_bytes(original), initializer_bytes(work))
+    work.metadata_props[TARGET_KEY] = resolved.ep  # bench says when a timing elsewhere does not represent it
     out = Result(work, rep)
     atol, rtol = tuning.validation_tolerances(context.precision, atol, rtol)
     if validate:

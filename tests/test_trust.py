@@ -212,3 +212,14 @@ def test_inspect_says_which_shapes_validation_would_use(cli, tmp_path):
     assert "validated and timed by default on: image 1x3x32x32" in r.out
     r = cli("inspect", _save(tmp_path, shape_models.token_model(), "tok.onnx"), "--json")
     assert "--dim seq=N" in json.loads(r.out)["validation_inputs"]["refused"]
+
+
+def test_a_dml_model_timed_on_the_cpu_says_it_does_not_represent_directml(cli, tmp_path):
+    path = _save(tmp_path, conv_leaky_model(), "m.onnx")
+    out = tmp_path / "m.dml.onnx"
+    assert cli("optimize", path, "-o", out, "-q", "--dim", "N=1").code == 0
+    r = cli("bench", out, "--ep", "cpu", "--runs", 1, "--warmup", 0)
+    assert r.code == 0, r.err
+    assert "does not represent DmlExecutionProvider" in r.out
+    r = cli("bench", path, "--ep", "cpu", "--runs", 1, "--warmup", 0)
+    assert "does not represent" not in r.out
