@@ -201,9 +201,9 @@ def _session_text(capture: dict[str, Any] | None, session: dict[str, Any] | None
     parts = []
     if capture:
         parts.append(capture["line"])
-    if session and session.get("path"):
-        parts.append(f"session configuration: {session['path']} (create the session with):\n"
-                     + "\n".join("    " + line if line else "" for line in session["snippet"].splitlines()))
+    if session and session.get("path"):  # the Python that loads it is in the JSON and HTML reports
+        parts.append(f"session configuration: {session['path']} (the Python that creates the session from it: "
+                     "`session_config.snippet` in --json or --report)")
     return parts
 
 
@@ -211,12 +211,17 @@ def _choices_text(choices: list[dict[str, Any]], modified: set[str]) -> list[str
     """One line per option that was timed or that acted on a pass that changed the graph; the
     options left at their documented default in passes that touched nothing, in one line."""
     lines, untouched = [], []
+    by_reason: dict[str, list[str]] = {}
     for c in choices:
         flag = f"--{c['option'].replace('_', '-')}"
-        if c.get("candidates") or c["pass"] in modified or c["pass"] == "pipeline":
+        if c.get("candidates") or c["pass"] == "pipeline":
             lines.append(f"{c['pass']} {flag}: chose {c['choice']} ({c.get('how', '')})")
+        elif c["pass"] in modified:  # untimed: one line per reason, not one sentence per option
+            by_reason.setdefault(c.get("how", ""), []).append(f"{flag} {c['choice']}")
         else:
             untouched.append(flag)
+    for how, chosen in by_reason.items():
+        lines.append(f"chose {', '.join(chosen)} ({how})")
     if untouched:
         lines.append(f"left at their documented defaults, in passes that changed nothing: {', '.join(untouched)}")
     return lines
