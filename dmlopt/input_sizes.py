@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import weakref
 from typing import Mapping, Sequence
 
 import onnx
@@ -97,11 +98,29 @@ def static_dims(model: ir.Model) -> dict[tuple[str, int], int]:
     return found
 
 
+# Choices per model: validation, re-timing, bisection and tuning ask again for the same model.
+_CHOSEN: "weakref.WeakKeyDictionary[ir.Model, dict[tuple, Sizes]]" = weakref.WeakKeyDictionary()
+
+
 def choose(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
            dims: Mapping[str, int] | None = None, *, fixed: Mapping[tuple[str, int], int] | None = None) -> Sizes:
     """Concrete shapes for `model`'s inputs (see the module's docstring); FreeDims when some dim is left.
 
     `fixed`: (input, axis) -> size from another model (a static dim there)."""
+    key = (_frozen(shapes), _frozen(dims), _frozen(fixed), len(model.graph),
+           tuple((v.name, str(v.shape)) for v in runtime_inputs(model)))
+    cached = _CHOSEN.setdefault(model, {})
+    if key not in cached:
+        cached[key] = _choose(model, shapes, dims, fixed)
+    sizes = cached[key]
+    return Sizes({k: list(v) for k, v in sizes.shapes.items()}, list(sizes.basis))
+
+
+def _frozen(mapping) -> tuple:
+    return tuple(sorted((str(k), str(v)) for k, v in (mapping or {}).items()))
+
+
+def _choose(model: ir.Model, shapes, dims, fixed) -> Sizes:
     shapes, dims, fixed = dict(shapes or {}), dict(dims or {}), dict(fixed or {})
     values: dict[str, int] = dict(dims)
     by_slot: dict[tuple[str, int], int] = {}
