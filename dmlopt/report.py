@@ -144,7 +144,8 @@ class Report:
         if t.get("identical"):
             lines.append(f"timing: {t['verdict']}")
         elif t and isinstance(t.get("before_ms"), (int, float)) and isinstance(t.get("after_ms"), (int, float)):
-            lines.append(f"timing on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms, "
+            shapes = f" with {shapes_text(t['inputs'])}" if t.get("inputs") else ""
+            lines.append(f"timing on {t.get('provider')}{shapes}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms, "
                          + t.get("verdict", f"x{t['speedup']:.2f}"))
             if self.target == "dml" and t.get("provider") != DML_PROVIDER:
                 lines.append(f"note: timed on {t.get('provider')}, which does not represent DirectML")

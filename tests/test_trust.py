@@ -223,3 +223,10 @@ def test_a_dml_model_timed_on_the_cpu_says_it_does_not_represent_directml(cli, t
     assert "does not represent DmlExecutionProvider" in r.out
     r = cli("bench", path, "--ep", "cpu", "--runs", 1, "--warmup", 0)
     assert "does not represent" not in r.out
+
+
+def test_the_timing_line_names_the_shapes_timed_and_its_spread(tmp_path):
+    path = _save(tmp_path, conv_leaky_model(), "m.onnx")
+    rep = dmlopt.optimize(path, target="cpu", passes="cleanup").report  # drops the Identity: a changed graph
+    line = next(x for x in rep.verdict() if x.startswith("timing"))
+    assert "with x 1x3x8x8" in line and "alternating pairs" in line and "p10-p90" in line
