@@ -78,6 +78,7 @@ class Sizes:
 
     shapes: dict[str, list[int]]
     basis: list[str]
+    dims: dict[str, int] = dataclasses.field(default_factory=dict)  # the named dims' values
 
     def describe(self) -> str:
         shown = ", ".join(f"{name} {'x'.join(map(str, s)) or 'scalar'}" for name, s in self.shapes.items())
@@ -113,7 +114,7 @@ def choose(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None = None,
     if key not in cached:
         cached[key] = _choose(model, shapes, dims, fixed)
     sizes = cached[key]
-    return Sizes({k: list(v) for k, v in sizes.shapes.items()}, list(sizes.basis))
+    return Sizes({k: list(v) for k, v in sizes.shapes.items()}, list(sizes.basis), dict(sizes.dims))
 
 
 def _frozen(mapping) -> tuple:
@@ -200,7 +201,7 @@ def _choose(model: ir.Model, shapes, dims, fixed) -> Sizes:
         basis.append(f"{_names([slot])}={size} (fixed by the graph's static shapes)")
     if free:
         raise FreeDims(_refusal(model, free, "nothing in the model sizes them"))
-    return Sizes(_shapes(model, shapes, values, by_slot), basis)
+    return Sizes(_shapes(model, shapes, values, by_slot), basis, values)
 
 
 def _assign(slot: Slot, size: int, values: dict[str, int], by_slot: dict[tuple[str, int], int]) -> None:

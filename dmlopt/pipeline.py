@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt import bench, fp16_repair, runtime, session_config
+from dmlopt import bench, fp16_repair, input_sizes, runtime, session_config
 from dmlopt import report as report_mod
 from dmlopt import tune as tuning
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
@@ -255,8 +255,16 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
         ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,
                                   free_dims=context.dims)
     cfg = session_config.recommend(work, context.target, readiness=readiness,
-                                   ep_tuning=ep_tuning, dims=context.dims)
+                                   ep_tuning=ep_tuning, dims=_validated_dims(work, context))
     rep.session_config = {"config": cfg, "path": None, "snippet": None}
+
+
+def _validated_dims(model: ir.Model, context: PassContext) -> dict[str, int]:
+    """The named dims' sizes validation and timing used (the user's, else dmlopt.input_sizes')."""
+    try:
+        return {**input_sizes.choose(model, context.shapes, context.dims).dims, **context.dims}
+    except DmlOptError:  # a dim nothing sizes (--no-validate): the user's only
+        return dict(context.dims)
 
 
 class PassRunner:

@@ -230,3 +230,9 @@ def test_the_timing_line_names_the_shapes_timed_and_its_spread(tmp_path):
     rep = dmlopt.optimize(path, target="cpu", passes="cleanup").report  # drops the Identity: a changed graph
     line = next(x for x in rep.verdict() if x.startswith("timing"))
     assert "with x 1x3x8x8" in line and "alternating pairs" in line and "p10-p90" in line
+
+
+def test_session_overrides_are_the_sizes_validated():
+    rep = dmlopt.optimize(ir.from_proto(shape_models.unet()), target="dml").report
+    assert rep.session_config["config"]["free_dimension_overrides"] == {"batch": 1, "height": 32, "width": 32}
+    assert rep.validation["inputs"] == {"image": [1, 3, 32, 32]}
