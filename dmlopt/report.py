@@ -126,9 +126,12 @@ class Report:
         p = self.placement or {}
         if p.get("before") and p.get("after"):
             b, a = p["before"], p["after"]
-            lines.append(f"DirectML (ORT {a.get('ort_version')}, predicted): CPU nodes {len(b['cpu_nodes'])} -> "
-                         f"{len(a['cpu_nodes'])}, copies {b['memcpy']['count']} -> {a['memcpy']['count']}, "
-                         f"partitions {b['partitions'].get('count', '?')} -> {a['partitions'].get('count', '?')}")
+            def count(side, key):
+                value = side.get(key)
+                return len(value) if isinstance(value, list) else (value or {}).get("count", "?")
+            lines.append(f"DirectML (ORT {a.get('ort_version')}, predicted): CPU nodes {count(b, 'cpu_nodes')} -> "
+                         f"{count(a, 'cpu_nodes')}, copies {count(b, 'memcpy')} -> {count(a, 'memcpy')}, "
+                         f"partitions {count(b, 'partitions')} -> {count(a, 'partitions')}")
         t = self.timing or {}
         if t.get("provider") == DML_PROVIDER and t.get("copies_before") is not None:
             lines.append(f"DirectML (measured): copies {t['copies_before']} -> {t['copies_after']}")
