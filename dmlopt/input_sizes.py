@@ -272,24 +272,29 @@ def _example_sizes(model: ir.Model) -> dict[str, tuple[int, str]]:
 
 
 def _spatial_slots(model: ir.Model) -> set[tuple[str, int]]:
-    """(input, axis) of the dims >= 2 of inputs that reach a Conv/pooling through layout-keeping ops."""
+    """(input, axis) of the input dims that reach a Conv/pooling's spatial axes (2 and up) through
+    layout-keeping ops and Transposes (an NHWC image transposed to NCHW: its H and W)."""
     found = set()
     for v in runtime_inputs(model):
         if v.shape is None or len(v.shape) < 3:
             continue
-        seen, todo = set(), [v]
+        seen: set[int] = set()
+        todo = [(v, list(range(len(v.shape))))]  # a value and where each input axis is in it
         while todo:
-            value = todo.pop()
+            value, where = todo.pop()
             for node, _ in value.uses():
-                if id(node) in seen:
+                if id(node) in seen or node.domain not in ("", "ai.onnx"):
                     continue
                 seen.add(id(node))
-                if node.op_type in SPATIAL_OPS and node.domain in ("", "ai.onnx"):
-                    found.update((v.name, axis) for axis in range(2, len(v.shape)))
-                    todo = []
-                    break
-                if node.op_type in LAYOUT_KEEPING:
-                    todo.extend(node.outputs)
+                if node.op_type in SPATIAL_OPS:
+                    found.update((v.name, axis) for axis, at in enumerate(where) if at >= 2)
+                elif node.op_type == "Transpose":
+                    perm = node.attributes.get("perm")
+                    order = perm.as_ints() if perm is not None else list(range(len(where)))[::-1]
+                    if sorted(order) == list(range(len(where))):
+                        todo.append((node.outputs[0], [order.index(at) for at in where]))
+                elif node.op_type in LAYOUT_KEEPING:
+                    todo.extend((o, where) for o in node.outputs)
     return found
 
 

@@ -236,3 +236,15 @@ def test_session_overrides_are_the_sizes_validated():
     rep = dmlopt.optimize(ir.from_proto(shape_models.unet()), target="dml").report
     assert rep.session_config["config"]["free_dimension_overrides"] == {"batch": 1, "height": 32, "width": 32}
     assert rep.validation["inputs"] == {"image": [1, 3, 32, 32]}
+
+
+def test_an_nhwc_image_transposed_to_nchw_gets_image_sizes():
+    model = ir.from_onnx_text('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, h, w, 3] x, float[4, 3, 2, 2] k) => (float[batch, 4, hh, ww] y) {
+            t = Transpose <perm = [0, 3, 1, 2]> (x)
+            y = Conv <strides = [2, 2]> (t, k)
+        }''')
+    k = model.graph.inputs.pop()
+    k.const_value = ir.tensor(np.ones((4, 3, 2, 2), np.float32))
+    model.graph.register_initializer(k)
+    assert runtime.input_specs(model)["x"][0] == [1, 32, 32, 3]
