@@ -248,3 +248,26 @@ def test_an_nhwc_image_transposed_to_nchw_gets_image_sizes():
     k.const_value = ir.tensor(np.ones((4, 3, 2, 2), np.float32))
     model.graph.register_initializer(k)
     assert runtime.input_specs(model)["x"][0] == [1, 32, 32, 3]
+
+
+def test_a_rewrite_right_only_at_one_pixel_is_caught(cli, tmp_path):
+    """Validated at 1x1 (as before), a model that averages the image and broadcasts it back matched one
+    that keeps every pixel; at the sizes dmlopt now chooses it does not."""
+    head = '''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 3, h, w] x, float[4, 3, 1, 1] k) => (float[batch, 4, h, w] y) {'''
+    ref = ir.from_onnx_text(head + "y = Conv(x, k) }")
+    cand = ir.from_onnx_text(head + '''
+            m = GlobalAveragePool(x)
+            s = Shape(x)
+            e = Expand(m, s)
+            y = Conv(e, k) }''')
+    for model in (ref, cand):
+        k = model.graph.inputs.pop()
+        k.const_value = ir.tensor(np.ones((4, 3, 1, 1), np.float32))
+        model.graph.register_initializer(k)
+    paths = [tmp_path / "ref.onnx", tmp_path / "cand.onnx"]
+    for model, path in zip((ref, cand), paths):
+        ir.save(model, path)
+    assert cli("validate", *paths, "--dim", "h=1", "--dim", "w=1").code == 0  # what validation did before
+    r = cli("validate", *paths)
+    assert r.code == 1 and "numerics: DIFFER on x 1x3x32x32" in r.out
