@@ -585,9 +585,19 @@ def _verdict(result: dict[str, Any]) -> list[str]:
         return [f"median {result['latency_ms']['median']:.3f} ms on {result['provider']}{inputs} "
                 f"({result['latency_ms']['runs']} runs)"]
     if "best" in result:
-        return [f"best options on {result['provider']}: {result['best']}"]
+        return [f"{_best_line(result)} on {result['provider']}"]
     return [f"{name}: {ratio_text(m.get('ratio') or ratio_summary(m['ratios']))} vs {result['baseline']}, "
             f"{result['provider']}{inputs}" for name, m in result["models"].items() if name != result["baseline"]]
+
+
+def _best_line(result: Mapping[str, Any]) -> str:
+    """`--tune-ep`'s answer: the fastest option set, or that none is measurably faster than the baseline's."""
+    best = result["models"][result["best"]]
+    r = best.get("ratio") or ratio_summary(best["ratios"])
+    if result["best"] != result["baseline"] and r["verdict"] != "faster":
+        return (f"best: no option set is measurably faster than {result['baseline']} (fastest median: "
+                f"{result['best']}, {ratio_text(r)})")
+    return f"best: {result['best']}" + (f"  ({result['flags']})" if result.get("flags") else "")
 
 
 def to_table(result: dict[str, Any], *, profile: bool = False) -> str:
@@ -632,7 +642,7 @@ def _table(result: dict[str, Any], profile: bool) -> str:
     if "best" in result:
         for name, reason in result.get("failed", {}).items():
             text += f"\n{name}: could not start: {reason}"
-        text += f"\nbest: {result['best']}" + (f"  ({result['flags']})" if result.get("flags") else "")
+        text += "\n" + _best_line(result)
     if profile:
         for name, m in result["models"].items():
             text += f"\n\n{name}: " + profile_table(m.get("profile"), result["provider"])

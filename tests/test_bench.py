@@ -204,7 +204,8 @@ def test_to_table_escapes_failure_text_and_node_names(model):
     assert not any(c in text for c in "\x1b\r\x07")
     assert "x=1: could not start: ORT said \\x1b[2Jno\\r\\nbest: forged" in text
     assert "conv\\nbest: forged\\x07" in text
-    assert [line for line in text.splitlines() if line.startswith("best: ")] == [f"best: {out['best']}  ({out['flags']})"]
+    (best,) = [line for line in text.splitlines() if line.startswith("best: ")]  # one line, not forged ones
+    assert best == f"best: {out['best']}  ({out['flags']})" or best.startswith("best: no option set is measurably")
 
 
 def test_retime_reports_before_after_and_speedup(model):

@@ -271,3 +271,12 @@ def test_a_rewrite_right_only_at_one_pixel_is_caught(cli, tmp_path):
     assert cli("validate", *paths, "--dim", "h=1", "--dim", "w=1").code == 0  # what validation did before
     r = cli("validate", *paths)
     assert r.code == 1 and "numerics: DIFFER on x 1x3x32x32" in r.out
+
+
+def test_tune_ep_names_no_best_inside_the_noise():
+    def result(ratios):
+        models = {"a=1": {"ratios": [1.0] * 5}, "a=0": {"ratios": ratios}}
+        return {"models": models, "best": "a=0", "baseline": "a=1", "flags": "--provider-option a=0"}
+    assert bench._best_line(result([0.9, 1.1, 0.95, 1.02, 0.97])).startswith(
+        "best: no option set is measurably faster than a=1 (fastest median: a=0, no measurable difference")
+    assert bench._best_line(result([0.5, 0.52, 0.48, 0.5, 0.5])) == "best: a=0  (--provider-option a=0)"
