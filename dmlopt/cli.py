@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import filecmp
 import logging
 import os
 import signal
@@ -476,6 +477,11 @@ def cmd_bench(args) -> int:
     try:
         if args.tune_ep:
             out = bench.tune_ep(model, target, **common)
+        elif args.compare and _same_file_content(args.model, args.compare) and not runtime.has_external_data(model):
+            # the same bytes (weights inside the file): timing them against each other measures only noise
+            print(f"identical models: {printable(args.model)} and {printable(args.compare)} hold the same bytes; "
+                  "nothing to time")
+            return EXIT_OK
         elif args.compare:
             names = _model_labels(args.model, args.compare)
             out = bench.compare({names[0]: model, names[1]: load(args.compare)}, target, **common)
@@ -492,6 +498,13 @@ def cmd_bench(args) -> int:
     print(json_text(out) if args.json else "\n".join(bench.verdict(out)) if args.quiet
           else bench.to_table(out, profile=args.profile))
     return EXIT_OK
+
+
+def _same_file_content(a: str, b: str) -> bool:
+    try:
+        return filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 def _model_labels(*paths: str) -> list[str]:

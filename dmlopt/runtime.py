@@ -178,6 +178,11 @@ def _placeholder(name: str, tensor: ir.TensorProtocol, nbytes: int) -> onnx.Tens
     return t
 
 
+def has_external_data(model: ir.Model) -> bool:
+    """Whether a weight of the model lives in another file."""
+    return _has_external(model)
+
+
 def _has_external(model: ir.Model) -> bool:
     for graph in model.graphs():
         for v in graph.initializers.values():

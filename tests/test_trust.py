@@ -280,3 +280,9 @@ def test_tune_ep_names_no_best_inside_the_noise():
     assert bench._best_line(result([0.9, 1.1, 0.95, 1.02, 0.97])).startswith(
         "best: no option set is measurably faster than a=1 (fastest median: a=0, no measurable difference")
     assert bench._best_line(result([0.5, 0.52, 0.48, 0.5, 0.5])) == "best: a=0  (--provider-option a=0)"
+
+
+def test_bench_compare_of_identical_files_times_nothing(cli, tmp_path):
+    a, b = _save(tmp_path, conv_leaky_model(), "a.onnx"), _save(tmp_path, conv_leaky_model(), "b.onnx")
+    r = cli("bench", a, "--compare", b, "--ep", "cpu")
+    assert r.code == 0 and r.out.startswith("identical models:") and "ratio" not in r.out
