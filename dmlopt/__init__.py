@@ -10,12 +10,45 @@ Python API (usable from an export script)::
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
 from dmlopt.errors import CheckFailed, DmlOptError, InputError, OutputError, UsageError
-from dmlopt.inspection import inspect
-from dmlopt.model import load, save
-from dmlopt.pipeline import Result, optimize
-from dmlopt.validate import validate
 from dmlopt.version import __version__
+
+
+def __getattr__(name: str) -> Any:
+    """The API's functions, imported on first use: `import dmlopt` (and the `dmlopt` command's
+    help) does not load the ONNX stack until a function that needs it is asked for."""
+    if name == "inspect":
+        from dmlopt.inspection import inspect
+        return inspect
+    if name in ("load", "save"):
+        from dmlopt import model
+        return getattr(model, name)
+    if name in ("Result", "optimize"):
+        from dmlopt import pipeline
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'dmlopt' has no attribute '{name}'")
+
+
+class _Api(types.ModuleType):
+    """`dmlopt.validate` is the function, as when it was imported eagerly: loading the submodule
+    dmlopt.validate sets the package's attribute of that name, which this property ignores."""
+
+    @property
+    def validate(self):
+        from dmlopt.validate import validate
+        return validate
+
+    @validate.setter
+    def validate(self, _submodule) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Api
+
 
 __all__ = [
     "CheckFailed",

@@ -2,6 +2,6 @@
 
 import sys
 
-from dmlopt.cli import main
+from dmlopt.launch import main
 
 sys.exit(main())

@@ -44,11 +44,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import runtime, scratch
+from dmlopt import input_sizes, runtime, scratch
 from dmlopt.errors import InputError, ProviderError, UsageError, printable_tree
 from dmlopt.progress import bar_for
 from dmlopt.tables import format_table
-from dmlopt.validate import as_input_type, make_inputs
+from dmlopt.validate import as_input_type, make_inputs, shapes_text
 
 # Provider options dmlopt knows, with their allowed values (None: any value).  Other keys
 # are passed to ORT as they are.  Keys starting with "session." are session config entries.
@@ -94,6 +94,41 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def summary(times_ms: Sequence[float]) -> dict[str, float]:
     return {"min": float(min(times_ms)), "median": float(statistics.median(times_ms)),
             "p90": _percentile(times_ms, 90), "runs": len(times_ms)}
+
+
+# The metadata entry dmlopt writes into an optimized model: the target it was optimized for.
+TARGET_KEY = "dmlopt.target"
+
+
+def target_note(models: Sequence[ir.Model], provider: str) -> str | None:
+    """A line when a model optimized for one provider is timed on another (a DirectML model on the CPU)."""
+    for model in models:
+        target = (model.metadata_props or {}).get(TARGET_KEY)
+        if target in runtime.PROVIDERS and runtime.PROVIDERS[target] != provider:
+            return (f"note: optimized for {runtime.PROVIDERS[target]} (--target {target}); this timing on {provider} "
+                    f"does not represent {runtime.PROVIDERS[target]}")
+    return None
+
+
+# A ratio whose per-pair 10th..90th percentile range holds 1 is no measurable difference.
+SPREAD_PERCENTILES = (10, 90)
+
+
+def ratio_summary(ratios: Sequence[float]) -> dict[str, Any]:
+    """Per-pair ratios (time / baseline time) -> median, spread (p10..p90), runs and the verdict:
+    'faster' or 'slower' only when the whole spread is on one side of 1."""
+    lo, hi = (_percentile(ratios, q) for q in SPREAD_PERCENTILES)
+    median = float(statistics.median(ratios))
+    verdict = "faster" if hi < 1.0 else "slower" if lo > 1.0 else "no measurable difference"
+    return {"median": median, "p10": lo, "p90": hi, "runs": len(ratios), "verdict": verdict}
+
+
+def ratio_text(r: Mapping[str, Any]) -> str:
+    """``x1.31 faster (time ratio 0.76, 0.72-0.80 over 20 pairs)``; inside the noise it says so."""
+    spread = f"time ratio {r['median']:.3f}, p10-p90 {r['p10']:.3f}-{r['p90']:.3f} over {r['runs']} alternating pairs"
+    if r["verdict"] == "no measurable difference":
+        return f"no measurable difference ({spread})"
+    return f"x{1 / r['median']:.2f} {'faster' if r['verdict'] == 'faster' else 'slower'} ({spread})"
 
 
 # -- provider options --------------------------------------------------------------
@@ -197,8 +232,10 @@ class Timer:
             raise ProviderError(
                 f"asked for {runtime.PROVIDERS[target]} but ONNX Runtime started {self.provider} (the provider "
                 f"failed to load; providers present: {', '.join(runtime.available_providers())})")
+        self.input_basis: list[str] = []
         if feeds is None:
-            feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims or free_dims), seed)
+            feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims or free_dims,
+                                                              basis=self.input_basis), seed)
         wanted = {i.name: i.type for i in self.session.get_inputs()}
         self.feeds = {k: as_input_type(v, wanted[k]) for k, v in feeds.items() if k in wanted}
         self.outputs = [o.name for o in self.session.get_outputs()]
@@ -414,7 +451,8 @@ def alternate(timers: Mapping[str, Timer], *, runs: int, warmup: int, baseline: 
         ratios = [t / b for t, b in zip(times[name], times[baseline])]
         t = timers[name]
         out["models"][name] = {"load_s": t.load_s, "latency_ms": summary(times[name]),
-                               "ratio_median": float(statistics.median(ratios)), "ratios": ratios,
+                               "ratio_median": float(statistics.median(ratios)), "ratio": ratio_summary(ratios),
+                               "ratios": ratios,
                                "copies": t.copies, "profile": t.profile, "io_binding": t.io_binding,
                                "provider_options": t.provider_options}
     return out
@@ -431,7 +469,8 @@ def time_model(model: ir.Model, target: str = "cpu", *, runs: int = 20, warmup: 
         for _ in range(runs):
             times.append(timer.once())
             bar.advance()
-    return {"provider": timer.provider, "load_s": timer.load_s, "latency_ms": summary(times),
+    return {"provider": timer.provider, "inputs": {k: list(v.shape) for k, v in timer.feeds.items()},
+            "input_basis": timer.input_basis, "load_s": timer.load_s, "latency_ms": summary(times),
             "copies": timer.copies, "profile": timer.profile, "io_binding": timer.io_binding,
             "provider_options": timer.provider_options, "warmup": warmup, **device_note(target)}
 
@@ -456,11 +495,46 @@ def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 
             baseline: str | None = None, progress=None, label: str | None = None, **kw) -> dict[str, Any]:
     """Time several models in alternation; ratios are each model's time over the baseline's, per round."""
     check_counts(runs, warmup)
+    if kw.get("feeds") is None:
+        kw["feeds"], basis = same_inputs(models, kw.get("shapes"), kw.get("dims") or kw.get("free_dims"),
+                                         kw.get("seed", 0))
+    else:
+        basis = []
     cache = runtime.WeightValues()  # the models share most weights: one host copy of each
     timers = {name: Timer(m, target, profile=warmup > 0, weight_cache=cache, **kw) for name, m in models.items()}
     out = alternate(timers, runs=runs, warmup=warmup, baseline=baseline, progress=progress,
                     label=label or f"timing {len(timers)} models on {runtime.PROVIDERS[target]}")
+    out["inputs"] = {k: list(v.shape) for k, v in kw["feeds"].items()}
+    out["input_basis"] = basis
     return {**out, **device_note(target)}
+
+
+def same_inputs(models: Mapping[str, ir.Model], shapes=None, dims=None, seed: int = 0
+                ) -> tuple[dict[str, np.ndarray], list[str]]:
+    """One set of inputs that every model of a comparison accepts, and where its sizes came from.
+
+    The static dims of every model size the others' dynamic ones (a shape-fixed output against
+    its dynamic original runs the output's shapes); two models that fix one input position at
+    different sizes, or that take different inputs, cannot be compared (UsageError)."""
+    names = list(models)
+    first = models[names[0]]
+    inputs = [v.name for v in input_sizes.runtime_inputs(first)]
+    fixed: dict[tuple[str, int], int] = {}
+    where: dict[tuple[str, int], str] = {}
+    for name, m in models.items():
+        theirs = [v.name for v in input_sizes.runtime_inputs(m)]
+        if sorted(theirs) != sorted(inputs):
+            raise UsageError(f"{name} takes the inputs {', '.join(theirs)} and {names[0]} takes {', '.join(inputs)}: "
+                             "the models cannot run the same inputs, so their times cannot be compared")
+        for key, size in input_sizes.static_dims(m).items():
+            if key in fixed and fixed[key] != size:
+                raise UsageError(f"input '{key[0]}' dim {key[1]} is {fixed[key]} in {where[key]} and {size} in "
+                                 f"{name}: the models cannot run the same inputs, so their times cannot be "
+                                 "compared (give each its own bench run)")
+            fixed[key], where[key] = size, name
+    basis: list[str] = []
+    specs = runtime.input_specs(first, shapes, dims, fixed=fixed, basis=basis)
+    return runtime.random_inputs(specs, seed), basis
 
 
 def tune_grid(target: str, fixed: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
@@ -527,17 +601,53 @@ def _copies(value) -> str:
     return "-" if value is None else str(value)
 
 
+def verdict(result: dict[str, Any]) -> list[str]:
+    """The lines `bench -q` prints: per compared model its ratio with spread (or the best options),
+    else the median latency; and the inputs timed."""
+    result = printable_tree(result)
+    note = [result["note"]] if result.get("note") else []
+    return _verdict(result) + note
+
+
+def _verdict(result: dict[str, Any]) -> list[str]:
+    inputs = f" on {shapes_text(result['inputs'])}" if result.get("inputs") else ""
+    if "models" not in result:
+        return [f"median {result['latency_ms']['median']:.3f} ms on {result['provider']}{inputs} "
+                f"({result['latency_ms']['runs']} runs)"]
+    if "best" in result:
+        return [f"{_best_line(result)} on {result['provider']}"]
+    return [f"{name}: {ratio_text(m.get('ratio') or ratio_summary(m['ratios']))} vs {result['baseline']}, "
+            f"{result['provider']}{inputs}" for name, m in result["models"].items() if name != result["baseline"]]
+
+
+def _best_line(result: Mapping[str, Any]) -> str:
+    """`--tune-ep`'s answer: the fastest option set, or that none is measurably faster than the baseline's."""
+    best = result["models"][result["best"]]
+    r = best.get("ratio") or ratio_summary(best["ratios"])
+    if result["best"] != result["baseline"] and r["verdict"] != "faster":
+        return (f"best: no option set is measurably faster than {result['baseline']} (fastest median: "
+                f"{result['best']}, {ratio_text(r)})")
+    return f"best: {result['best']}" + (f"  ({result['flags']})" if result.get("flags") else "")
+
+
 def to_table(result: dict[str, Any], *, profile: bool = False) -> str:
     """Readable form of `time_model`, `compare` or `tune_ep` output (`profile`: with `profile_table`).
     Every string is escaped first: ORT's failure text and the model's names may hold control codes
     or newlines that must not reach the terminal or forge a line."""
     result = printable_tree(result)
+    note = ("\n" + result["note"]) if result.get("note") else ""
+    return _table(result, profile) + note
+
+
+def _table(result: dict[str, Any], profile: bool) -> str:
     if "models" not in result:
         lat = result["latency_ms"]
         rows = [("provider", "load s", "min ms", "median ms", "p90 ms", "runs", "copies"),
                 (result["provider"], f"{result['load_s']:.3f}", f"{lat['min']:.3f}", f"{lat['median']:.3f}",
                  f"{lat['p90']:.3f}", lat["runs"], _copies(result.get("copies")))]
         text = format_table(rows)
+        if result.get("inputs") is not None:
+            text = "inputs: " + shapes_text(result["inputs"], result.get("input_basis")) + "\n" + text
         if result.get("adapter"):
             text += f"\nadapter: {result['adapter']}"
         if result.get("device_note"):
@@ -551,12 +661,18 @@ def to_table(result: dict[str, Any], *, profile: bool = False) -> str:
             text += "\n\n" + profile_table(result.get("profile"), result["provider"])
         return text
     label = "options" if "best" in result else "model"
-    rows = [(label, "load s", "min ms", "median ms", "p90 ms", "copies", f"ratio vs {result['baseline']}")]
+    rows = [(label, "load s", "min ms", "median ms", "p90 ms", "copies", f"ratio vs {result['baseline']} (p10-p90)")]
     for name, m in result["models"].items():
         lat = m["latency_ms"]
+        r = m.get("ratio") or ratio_summary(m["ratios"])
         rows.append((name, f"{m['load_s']:.3f}", f"{lat['min']:.3f}", f"{lat['median']:.3f}", f"{lat['p90']:.3f}",
-                     _copies(m.get("copies")), f"{m['ratio_median']:.3f}"))
-    text = f"provider: {result['provider']}\n" + format_table(rows)
+                     _copies(m.get("copies")), f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f})"))
+    verdicts = [f"{name}: {ratio_text(m.get('ratio') or ratio_summary(m['ratios']))} vs {result['baseline']}"
+                for name, m in result["models"].items() if name != result["baseline"] and "best" not in result]
+    text = "\n".join(verdicts + [f"provider: {result['provider']}"])
+    if result.get("inputs"):
+        text += "\ninputs (same for every model): " + shapes_text(result["inputs"], result.get("input_basis"))
+    text += "\n" + format_table(rows)
     if result.get("adapter"):
         text += f"\nadapter: {result['adapter']}"
     if result.get("device_note"):
@@ -564,7 +680,7 @@ def to_table(result: dict[str, Any], *, profile: bool = False) -> str:
     if "best" in result:
         for name, reason in result.get("failed", {}).items():
             text += f"\n{name}: could not start: {reason}"
-        text += f"\nbest: {result['best']}" + (f"  ({result['flags']})" if result.get("flags") else "")
+        text += "\n" + _best_line(result)
     if profile:
         for name, m in result["models"].items():
             text += f"\n\n{name}: " + profile_table(m.get("profile"), result["provider"])
@@ -585,7 +701,8 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
     """Before/after on `target`, in alternation on the same inputs: the report's ``timing``.
 
     ``runs=None`` picks 3-10 pairs so that the timed part takes about RETIME_BUDGET_S."""
-    feeds = make_inputs(before, after, shapes, dims, inputs)
+    basis: list[str] = []
+    feeds = make_inputs(before, after, shapes, dims, inputs, basis=basis)
     cache = runtime.WeightValues()
     timers = {"before": Timer(before, target, feeds=feeds, weight_cache=cache),
               "after": Timer(after, target, feeds=feeds, weight_cache=cache)}
@@ -600,7 +717,9 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
     b, a = result["models"]["before"], result["models"]["after"]
     return {"provider": result["provider"], "before_ms": b["latency_ms"]["median"],
             "after_ms": a["latency_ms"]["median"], "speedup": 1.0 / a["ratio_median"],
-            "ratio_median": a["ratio_median"], "runs": runs, "before": b["latency_ms"], "after": a["latency_ms"],
+            "ratio_median": a["ratio_median"], "ratio": a["ratio"], "verdict": ratio_text(a["ratio"]),
+            "inputs": {k: list(v.shape) for k, v in feeds.items()}, "input_basis": basis, "runs": runs,
+            "before": b["latency_ms"], "after": a["latency_ms"],
             "load_s_before": b["load_s"], "load_s_after": a["load_s"],
             "copies_before": b["copies"], "copies_after": a["copies"], "io_binding": a["io_binding"],
             **device_note(target)}

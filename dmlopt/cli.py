@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import filecmp
 import logging
 import os
 import signal
@@ -216,7 +217,7 @@ def build_parser() -> Parser:
     p.add_argument("--atol", type=arg_types.tolerance, help="absolute tolerance for validation (default by dtype)")
     p.add_argument("--rtol", type=arg_types.tolerance, help="tolerance relative to the output's magnitude (default by dtype)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines and the written paths")
     _add_session_config_args(p)
     seen = set()
     for name, (cls, opt) in pass_options().items():
@@ -293,7 +294,7 @@ def build_parser() -> Parser:
                    "its newest)")
     _add_dml_host_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON object")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict (no progress, no tables)")
 
     _add_calibrate_parser(sub)
 
@@ -413,7 +414,7 @@ def cmd_optimize(args) -> int:
                                                     removals=[stale]))
         if args.report:
             report_mod.write(rep, args.report)
-    print(rep.to_json() if args.json else rep.to_table())
+    print(rep.to_json() if args.json else "\n".join(map(printable, rep.verdict())) if args.quiet else rep.to_table())
     if not ok:
         where = f" (first failing pass: {rep.broken_by})" if rep.broken_by else ""
         if args.force:
@@ -628,8 +629,14 @@ def cmd_bench(args) -> int:
     try:
         if args.tune_ep:
             out = bench.tune_ep(model, target, **common)
+        elif args.compare and _same_file_content(args.model, args.compare) and not runtime.has_external_data(model):
+            # the same bytes (weights inside the file): timing them against each other measures only noise
+            print(f"identical models: {printable(args.model)} and {printable(args.compare)} hold the same bytes; "
+                  "nothing to time")
+            return EXIT_OK
         elif args.compare:
-            out = bench.compare({"model": model, "other": load(args.compare)}, target, **common)
+            names = _model_labels(args.model, args.compare)
+            out = bench.compare({names[0]: model, names[1]: load(args.compare)}, target, **common)
         else:
             out = bench.time_model(model, target, **common)
     except InputError as e:
@@ -637,7 +644,11 @@ def cmd_bench(args) -> int:
             raise
         # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
         raise InputError(f"{e} ({graph_capture_readiness(model, 'cuda').line()})") from e
-    print(json_text(out) if args.json else bench.to_table(out, profile=args.profile))
+    note = bench.target_note([model, *([load(args.compare)] if args.compare else [])], out["provider"])
+    if note:
+        out["note"] = note
+    print(json_text(out) if args.json else "\n".join(bench.verdict(out)) if args.quiet
+          else bench.to_table(out, profile=args.profile))
     return EXIT_OK
 
 
@@ -654,6 +665,19 @@ def _bench_real_dml(args, shapes, dims) -> int:
     out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims)
     print(json_text(out) if args.json else real_ep.time_table(printable_tree(out)))
     return EXIT_OK
+
+
+def _same_file_content(a: str, b: str) -> bool:
+    try:
+        return filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
+
+
+def _model_labels(*paths: str) -> list[str]:
+    """Each model by its file name; the whole paths when two names are the same."""
+    names = [os.path.basename(p) for p in paths]
+    return names if len(set(names)) == len(names) else [os.fspath(p) for p in paths]
 
 
 def cmd_passes(args) -> int:

@@ -14,6 +14,8 @@ from typing import Any, Iterable, Sequence
 
 # Bars in the op histogram (the rest are in the table).
 HISTOGRAM_OPS = 24
+# Op types the chart leaves out: their counts move with folding, not with what a pass did.
+UNCHARTED = frozenset({"Constant"})
 SITES_PER_PASS = 300
 CPU_NODES_SHOWN = 60
 
@@ -67,6 +69,7 @@ def render(report) -> str:
     r = report.to_dict() if hasattr(report, "to_dict") else dict(report)
     sections = [
         _header(r),
+        _verdict_section(r),
         _summary_cards(r),
         _timing_section(r),
         _passes_section(r),
@@ -130,10 +133,11 @@ def _summary_cards(r: dict[str, Any]) -> str:
              _card("weights", f"{_bytes(i.get('initializer_bytes'))} &rarr; {_bytes(o.get('initializer_bytes'))}",
                    _pct(i.get("initializer_bytes"), o.get("initializer_bytes")))]
     t = r.get("timing")
-    if t:
+    if t and "before_ms" in t:
         cards.append(_card(f"latency ({_short_provider(t.get('provider'))})",
                            f"{t['before_ms']:.3g} &rarr; {t['after_ms']:.3g} ms",
-                           f"&times;{t['speedup']:.2f} (median of {esc(t.get('runs'))} alternating pairs)"))
+                           esc(t.get("verdict")
+                               or f"x{t['speedup']:.2f} (median of {t.get('runs')} alternating pairs)")))
         if t.get("copies_before") is not None:
             cards.append(_card("copies per run (measured)", f"{t['copies_before']} &rarr; {t.get('copies_after')}",
                                f"from ORT's profile on {esc(_short_provider(t.get('provider')))}"))
@@ -155,7 +159,7 @@ def _summary_cards(r: dict[str, Any]) -> str:
 
 def _timing_section(r: dict[str, Any]) -> str:
     t = r.get("timing")
-    if not t:
+    if not t or "before_ms" not in t:
         return ""
     rows = []
     for label, key in (("before", "before"), ("after", "after")):
@@ -167,7 +171,8 @@ def _timing_section(r: dict[str, Any]) -> str:
          _num(t.get(key, {}).get("p90")), _num(t.get(f"load_s_{key}")), esc(_dash(t.get(f"copies_{key}"))))
         for label, key in (("before", "before"), ("after", "after"))], table_id="timing", numeric_from=1)
     return (f'<section><h2>Latency</h2><p class="note">Original and optimized model timed in alternation on '
-            f'{esc(t.get("provider"))}; speedup &times;{t["speedup"]:.2f} is the median of the per-pair ratios. '
+            f'{esc(t.get("provider"))}: {esc(t.get("verdict") or "")} (speedup &times;{t["speedup"]:.2f}, the median '
+            f'of the per-pair ratios). '
             f'Bars show the median, whiskers min&ndash;p90.</p>{chart}{table}</section>')
 
 
@@ -219,11 +224,30 @@ def _histogram_section(r: dict[str, Any]) -> str:
     rows = [(esc(op), str(before.get(op, 0)), str(after.get(op, 0)),
              _signed(after.get(op, 0) - before.get(op, 0))) for op in ops]
     table = _table(("op", "before", "after", "change"), rows, table_id="ops", numeric_cols={1, 2, 3})
-    chart = _paired_chart([(op, before.get(op, 0), after.get(op, 0)) for op in ops[:HISTOGRAM_OPS]])
-    shown = f" (the {HISTOGRAM_OPS} most frequent; the table lists all)" if len(ops) > HISTOGRAM_OPS else ""
+    changed = sorted((op for op in ops if before.get(op, 0) != after.get(op, 0) and op not in UNCHARTED),
+                     key=lambda op: (-_change_in_kind(before.get(op, 0), after.get(op, 0)), op))
+    charted = changed[:HISTOGRAM_OPS] or ops[:HISTOGRAM_OPS]
+    chart = _paired_chart([(op, before.get(op, 0), after.get(op, 0)) for op in charted])
+    shown = (f" The chart shows the {len(charted)} op types that changed most (appeared or vanished first; "
+             "Constants left out); the table lists all." if changed else
+             f" No op count changed; the chart shows the {len(charted)} most frequent.")
     return (f'<section><h2>Op histogram</h2><p class="note">Nodes by op type, before and after, subgraphs '
-            f'included{shown}.</p>{_legend()}{chart}<details><summary>table ({len(ops)} op types)</summary>'
+            f'included.{shown}</p>{_legend()}{chart}<details><summary>table ({len(ops)} op types)</summary>'
             f'{table}</details></section>')
+
+
+def _change_in_kind(before: int, after: int) -> float:
+    """How much an op count changed, an op that appeared or vanished (0 -> 12, 24 -> 0) ranking first."""
+    return abs(after - before) / max(min(before, after), 1) + (1e6 if 0 in (before, after) else 0)
+
+
+def _verdict_section(r: dict[str, Any]) -> str:
+    """What the user came for, first: placement, numerics with the shapes used, timing."""
+    lines = r.get("verdict") or []
+    if not lines:
+        return ""
+    return ('<section id="verdict"><h2>Verdict</h2><ul>' + "".join(f"<li>{esc(line)}</li>" for line in lines)
+            + "</ul></section>")
 
 
 def _placement_section(r: dict[str, Any]) -> str:
@@ -314,7 +338,8 @@ def _choices_section(r: dict[str, Any]) -> str:
         if cands and all(m.get("ratio") is not None for m in cands.values()):
             # The choice is made on the per-pair ratio (alternating runs), so that is what the bars show.
             bars = [_Bar(str(name), m["ratio"], tone="after" if str(name) == str(c["choice"]) else "before",
-                         text=f"\u00d7{m['ratio']:.3f} ({m['median_ms']:.3g} ms median)")
+                         text=f"\u00d7{m['ratio']:.3f}{_spread(m.get('ratio_spread'))} "
+                              f"({m['median_ms']:.3g} ms median)")
                     for name, m in cands.items()]
             parts.append(_bar_chart(bars, unit="", title=f"time relative to {c.get('baseline', 'the baseline')} "
                                                          f"(median of per-pair ratios; chosen in blue)"))
@@ -443,7 +468,8 @@ def _bar_chart(bars: Sequence[_Bar], *, unit: str, title: str) -> str:
     """Horizontal bars with min-p90 whiskers, as inline SVG."""
     if not bars:
         return ""
-    width, label_w, row_h, top = 820, 190, 30, 28
+    label_w, row_h, top = _label_width(b.label for b in bars), 30, 28
+    width = label_w + 630
     plot_w = width - label_w - 210  # room for the value text right of the longest bar
     top_value = max(max(b.value, b.high or 0.0) for b in bars) or 1.0
     height = top + row_h * len(bars) + 10
@@ -456,7 +482,7 @@ def _bar_chart(bars: Sequence[_Bar], *, unit: str, title: str) -> str:
         color = "#2f6fd6" if b.tone == "after" else "#9aa9bf"
         w = max(b.value * scale, 1.0)
         parts.append(f'<text x="{label_w - 8}" y="{y + 17}" font-size="12" text-anchor="end" fill="#1d2430">'
-                     f'{esc(_clip(b.label, 28))}</text>')
+                     f'{esc(b.label)}</text>')
         parts.append(f'<rect x="{label_w}" y="{y + 4}" width="{w:.1f}" height="{row_h - 10}" rx="3" fill="{color}">'
                      f'<title>{esc(b.label)}: {esc(b.text or f"{b.value:.4g} {unit}")}</title></rect>')
         if b.low is not None and b.high is not None:
@@ -475,8 +501,9 @@ def _bar_chart(bars: Sequence[_Bar], *, unit: str, title: str) -> str:
 
 def _paired_chart(rows: Sequence[tuple[str, int, int]]) -> str:
     """Op counts before (grey) and after (blue) per op type, as inline SVG."""
-    width, label_w, row_h, top = 760, 190, 24, 8
-    plot_w = width - label_w - 60
+    label_w, row_h, top = _label_width(op for op, _, _ in rows), 24, 8
+    width = label_w + 570
+    plot_w = width - label_w - 90  # room for "before -> after" right of the longest bar
     top_value = max(max(b, a) for _, b, a in rows) or 1
     height = top + row_h * len(rows) + 6
     scale = plot_w / top_value
@@ -485,7 +512,7 @@ def _paired_chart(rows: Sequence[tuple[str, int, int]]) -> str:
     for i, (op, before, after) in enumerate(rows):
         y = top + i * row_h
         parts.append(f'<text x="{label_w - 8}" y="{y + 15}" font-size="12" text-anchor="end" fill="#1d2430">'
-                     f'{esc(_clip(op, 28))}</text>')
+                     f'{esc(op)}</text>')
         for j, (count, color) in enumerate(((before, "#9aa9bf"), (after, "#2f6fd6"))):
             w = count * scale
             parts.append(f'<rect x="{label_w}" y="{y + 3 + j * 9}" width="{max(w, 0.5 if count else 0):.1f}" '
@@ -495,6 +522,19 @@ def _paired_chart(rows: Sequence[tuple[str, int, int]]) -> str:
                      f'fill="#5d6878">{before} &#8594; {after}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _spread(r: dict[str, Any] | None) -> str:
+    """`` (p10-p90 0.95-1.04, 10 pairs)`` for a ratio summary (bench.ratio_summary), else nothing."""
+    if not r:
+        return ""
+    noise = ", no measurable difference" if r["verdict"] == "no measurable difference" else ""
+    return f" (p10-p90 {r['p10']:.3f}-{r['p90']:.3f}, {r['runs']} pairs{noise})"
+
+
+def _label_width(labels: Iterable[str]) -> int:
+    """Room for the longest label at 12 px (about 7 px a character), so that none is clipped."""
+    return max(190, 12 + 7 * max((len(str(label)) for label in labels), default=0))
 
 
 def _legend() -> str:
@@ -508,11 +548,11 @@ def _bytes(n) -> str:
     if n is None:
         return "?"
     n = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GB"
+    return f"{n:.1f} GiB"
 
 
 def _pct(before, after) -> str:
@@ -546,10 +586,6 @@ def _delta_text(delta: dict[str, int]) -> str:
 
 def _dash(value) -> Any:
     return "-" if value is None else value
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "\u2026"
 
 
 def _short_provider(name) -> str:

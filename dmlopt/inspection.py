@@ -10,6 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from dmlopt import input_sizes
 from dmlopt.errors import printable_tree
 from dmlopt.targets.dml import placement
 from dmlopt.targets.webgpu import placement as webgpu_placement
@@ -17,11 +18,31 @@ from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.graph_check import describe_values, has_subgraphs, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.tables import format_table
+from dmlopt.validate import shapes_text
 from dmlopt.target import Target
 
 SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",
              "Cast", "Add", "Sub", "Mul", "Div", "Mod", "Equal", "Where", "Expand", "Reshape"}
 LINEAR = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+# Attention already fused into one op (the attention pass leaves these as they are).
+FUSED_ATTENTION = {"Attention", "MultiHeadAttention", "GroupQueryAttention"}
+# Ops between an attention Softmax and the MatMul that applies it to the values.
+SOFTMAX_TO_MATMUL = {"Cast", "Dropout", "Identity"}
+
+
+def _feeds_matmul(softmax: ir.Node) -> bool:
+    """Whether the Softmax's probabilities reach a MatMul (Q K^T -> Softmax -> @ V): an attention site."""
+    todo, seen = [softmax], set()
+    while todo:
+        node = todo.pop()
+        for out in node.outputs:
+            for user, _ in out.uses():
+                if user.op_type == "MatMul":
+                    return True
+                if user.op_type in SOFTMAX_TO_MATMUL and id(user) not in seen:
+                    seen.add(id(user))
+                    todo.append(user)
+    return False
 
 
 def _producer(value: ir.Value | None) -> ir.Node | None:
@@ -54,7 +75,7 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
     check_input(m)  # refuse what no runtime can load (cycles, undefined values, unknown opsets)
     counts = op_counts(m)
     nodes = list(ir.traversal.RecursiveGraphIterator(m.graph))
-    leaky_sites, prelu, einsums, control = [], [], [], []
+    leaky_sites, prelu, einsums, control, attention, conv_transpose = [], [], [], [], [], []
     for node in nodes:
         if node.op_type == "LeakyRelu":
             prod = _producer(node.inputs[0])
@@ -67,6 +88,11 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
         elif node.op_type == "Einsum":
             eq = node.attributes.get("equation")
             einsums.append({"node": node.name, "equation": eq.as_string() if eq is not None else None})
+        elif node.op_type in FUSED_ATTENTION or node.op_type == "Softmax" and _feeds_matmul(node):
+            attention.append({"node": node.name, "op": node.op_type})
+        elif node.op_type == "ConvTranspose":
+            strides = node.attributes.get("strides")
+            conv_transpose.append({"node": node.name, "strides": strides.as_ints() if strides is not None else None})
         elif has_subgraphs(node):
             control.append({"node": node.name, "op": node.op_type})
     free_dims = sorted({d.value for v in m.graph.inputs if v.shape is not None for d in v.shape.dims
@@ -85,10 +111,17 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
             "conv_leaky_relu": leaky_sites,
             "prelu": prelu,
             "einsum": einsums,
+            "attention": attention,
+            "conv_transpose": conv_transpose,
             "shape_arithmetic": len(shape_arithmetic_nodes(m)),
             "control_flow": control,
         },
     }
+    try:  # what validation and timing would feed without --shape/--dim
+        sizes = input_sizes.choose(m)
+        info["validation_inputs"] = {"shapes": sizes.shapes, "basis": sizes.basis, "refused": None}
+    except input_sizes.FreeDims as e:
+        info["validation_inputs"] = {"shapes": None, "basis": [], "refused": str(e)}
     predicted = None
     prepared = placement.prepare(m)  # one copy serves the prediction and the readiness walk (both only read it)
     if ep == "dml":
@@ -114,8 +147,13 @@ def to_table(info: dict[str, Any]) -> str:
             lines.append(f"{kind[:-1]:<7} {v['name']}: {v['dtype']} [{shape}]")
     if info["free_dims"]:
         lines.append(f"free dims: {', '.join(info['free_dims'])} (freeze with --shape or --dim NAME=VALUE)")
+    chosen = info.get("validation_inputs")
+    if chosen and chosen["shapes"] is not None and chosen["basis"]:
+        lines.append(f"validated and timed by default on: {shapes_text(chosen['shapes'], chosen['basis'])}")
+    elif chosen and chosen["refused"]:
+        lines.append(f"validation and timing need sizes: {chosen['refused']}")
     lines.append("opsets: " + ", ".join(f"{d or 'ai.onnx'}={v}" for d, v in info["opsets"].items()))
-    lines.append(f"nodes: {info['nodes']}   initializers: {info['initializer_bytes'] / 1e6:.2f} MB")
+    lines.append(f"nodes: {info['nodes']}   initializers: {info['initializer_bytes'] / 2**20:.2f} MiB")
     lines.append("")
     rows = [("op", "count")] + [(op, n) for op, n in sorted(info["op_counts"].items(), key=lambda kv: -kv[1])]
     lines.append(format_table(rows))
@@ -126,6 +164,10 @@ def to_table(info: dict[str, Any]) -> str:
     lines.append(f"  PRelu: {len(s['prelu'])}")
     eqs = sorted({e['equation'] for e in s['einsum'] if e['equation']})
     lines.append(f"  Einsum: {len(s['einsum'])}" + (f" ({', '.join(eqs)})" if eqs else ""))
+    lines.append(f"  attention (Softmax into MatMul, or fused): {len(s['attention'])}")
+    strides = sorted({tuple(c["strides"]) for c in s["conv_transpose"] if c["strides"]})
+    lines.append(f"  ConvTranspose: {len(s['conv_transpose'])}"
+                 + (f" (strides {', '.join('x'.join(map(str, t)) for t in strides)})" if strides else ""))
     lines.append(f"  shape-arithmetic nodes: {s['shape_arithmetic']}")
     lines.append(f"  If/Loop/Scan: {len(s['control_flow'])}")
     if "webgpu_placement" in info:

@@ -10,6 +10,7 @@ fails, the passes are replayed one at a time to name the one that broke it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -17,11 +18,12 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt import bench, fp16_repair, runtime, session_config
+from dmlopt import bench, fp16_repair, input_sizes, runtime, session_config
 from dmlopt import report as report_mod
 from dmlopt import tune as tuning
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.targets.dml import placement
 from dmlopt.graph_check import PassBroke, check_model, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.passes import DmlPass, EngineSettings, Option, OptionStore, PassContext, all_passes
@@ -33,6 +35,8 @@ from dmlopt.targets.webgpu import validation as webgpu_validation
 from dmlopt.targets.dml import real_ep
 from dmlopt.validate import validate as run_validation
 
+# The model's metadata entry naming the target dmlopt optimized it for.
+TARGET_KEY = bench.TARGET_KEY
 # Names pass options must not take: optimize()'s own keywords and the CLI's own flags (python spelling).
 ENGINE_KEYWORDS = frozenset({
     "model", "shapes", "dims", "passes", "target", "ort_version", "validate", "tune", "inputs", "atol", "rtol",
@@ -75,7 +79,9 @@ def select_passes(names: Sequence[str] | str | None) -> list[type[DmlPass]]:
         names = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in names if n not in registry]
     if unknown:
-        raise UsageError(f"unknown pass '{unknown[0]}' (known: {', '.join(registry)})")
+        close = difflib.get_close_matches(unknown[0], list(registry), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UsageError(f"unknown pass '{unknown[0]}'{hint} (known: {', '.join(registry)})")
     if not names:
         raise UsageError("no passes named")
     return [registry[n] for n in names]
@@ -172,6 +178,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     check_input(original)
     if shapes or dims:
         check_shapes(original, shapes, dims)
+    if validate and inputs is None:
+        runtime.input_specs(original, shapes, dims)  # dims nothing sizes are refused before any pass runs
     store = check_options(options)
     pass_classes = select_passes(passes)
     check_precision_passes(pass_classes, store, explicit=passes is not None, tune=tune)
@@ -208,6 +216,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         before_fp16 = work.clone()  # tensors are shared, not copied
     work, _ = run(work, context.options, start=fp16_at or 0, only=outcome.only, on_pass=record, progress=progress)
     rep.finish(work, initializer_bytes(original), initializer_bytes(work))
+    work.metadata_props[TARGET_KEY] = resolved.ep  # bench says when a timing elsewhere does not represent it
     out = Result(work, rep)
     atol, rtol = tuning.validation_tolerances(context.precision, atol, rtol)
     if validate:
@@ -237,13 +246,26 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         if not out.passed:
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
+    rep.not_timed = ("validation failed" if not out.passed else "--no-time" if retime is False
+                     else "--no-validate runs nothing" if not validate and not retime
+                     else f"{runtime.PROVIDERS[target]}, the target's provider, is not on this machine"
+                     if not runtime.has_target(target) else runtime.timing_refusal(target))
     # A software adapter (WebGPU on lavapipe) is timed only when asked, and the timing says so.
     if out.passed and (retime or (retime is None and validate and runtime.has_target(target)
                                   and runtime.timing_refusal(target) is None)):
-        if progress:
+        if not any(p["modified"] for p in rep.passes):  # the same graph: a timing would only measure noise
+            rep.timing = {"provider": runtime.PROVIDERS[target], "identical": True,
+                          "verdict": "identical graph: no pass changed the model, nothing to time"}
+        elif progress:
             progress(f"time before/after on {target}")
-        rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims, inputs=inputs,
-                                  progress=progress)
+        rep.not_timed = None
+        if not rep.timing:
+            rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims,
+                                      inputs=inputs, progress=progress)
+    if resolved.ep == "dml":  # the verdict DirectML users come for: CPU nodes, copies, partitions before -> after
+        version = resolved.table_version
+        rep.placement = {"before": placement.predict(original, ort_version=version).to_dict(),
+                         "after": placement.predict(out.model, ort_version=version).to_dict()}
     if out.passed:
         _session_recommendation(rep, work, context, tune, progress)
     return out
@@ -283,8 +305,17 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
         ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,
                                   free_dims=context.dims)
     cfg = session_config.recommend(work, context.target, readiness=readiness,
-                                   ep_tuning=ep_tuning, dims=context.dims, precision=context.precision)
+                                   ep_tuning=ep_tuning, dims=_validated_dims(work, context),
+                                   precision=context.precision)
     rep.session_config = {"config": cfg, "path": None, "snippet": None}
+
+
+def _validated_dims(model: ir.Model, context: PassContext) -> dict[str, int]:
+    """The named dims' sizes validation and timing used (the user's, else dmlopt.input_sizes')."""
+    try:
+        return {**input_sizes.choose(model, context.shapes, context.dims).dims, **context.dims}
+    except DmlOptError:  # a dim nothing sizes (--no-validate): the user's only
+        return dict(context.dims)
 
 
 class PassRunner:

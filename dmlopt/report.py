@@ -1,6 +1,8 @@
 """The report: what each pass changed or declined, what was measured; JSON and a table.
 
 The JSON schema (documented in README.md, key names are stable):
+  verdict      the lines the table opens with: DirectML placement before -> after, numerics with the
+               shapes used, timing with its spread (or why none)
   dmlopt_version, target, ort_version (as asked; null: the default), target_resolved (the target and
   the ORT version dmlopt reasoned about, one line), options,
   input  {nodes, op_counts, initializer_bytes, inputs, outputs}
@@ -13,15 +15,19 @@ The JSON schema (documented in README.md, key names are stable):
            options resolved from "auto" (each candidate timed as the whole pipeline's output, in the
            precision it names), then {pass: "pipeline", option: "result", choice: tuned|default|input}:
            the final comparison of the tuned output, the untuned default output and (--tune) the input
-  validation {passed, inputs, seed, outputs [{name, max_abs, max_rel, cosine, ...}]}
+  validation {passed, inputs, input_basis (where each chosen size came from), seed,
+              outputs [{name, max_abs, max_rel, cosine, ...}]}
   real_ep      --target dml: the output on the real DirectML EP against the input on the CPU EP,
                {passed, host {ort_version, directml_dll, vulkan_device, software, note}, outputs [...],
                placement {cpu_nodes, copies, partitions, ...}}, or {passed: null, skipped: why}
   broken_by    first pass that broke numerics (when validation failed)
   fp16_repair  {passed, validation_runs, max_runs, kept [{node, op, found_by, detail, max_abs}],
                float16_nodes, reason, note} when float16 failed validation and the repair ran
-  timing       {provider, before_ms, after_ms, speedup, ratio_median, runs, before{}, after{},
-               load_s_before, load_s_after, copies_before, copies_after, io_binding} when re-timed
+  timing       {provider, before_ms, after_ms, speedup, ratio_median, ratio {median, p10, p90, runs, verdict},
+               verdict, inputs, input_basis, runs, before{}, after{}, load_s_before, load_s_after,
+               copies_before, copies_after, io_binding} when re-timed; {provider, identical: true, verdict}
+               when no pass changed the graph (nothing timed)
+  not_timed    why there is no timing (null when timed)
   placement    {before, after} predicted DirectML placement, when computed
   graph_capture  {target, provider, ort_version, ready, line, basis, blockers [{kind, summary, detail,
                nodes, known}], warnings}: graph-capture readiness of the output (targets dml, cuda)
@@ -45,7 +51,10 @@ from dmlopt.targets.dml import real_ep
 from dmlopt.jsontext import json_text
 from dmlopt.model import initializer_bytes, write_text
 from dmlopt.tables import format_table
+from dmlopt.validate import shapes_text
 from dmlopt.version import __version__
+
+DML_PROVIDER = "DmlExecutionProvider"
 
 
 @dataclasses.dataclass
@@ -68,6 +77,7 @@ class Report:
     written: str | None = None
     forced: bool = False
     target_resolved: str | None = None
+    not_timed: str | None = None  # why there is no timing (None when timed)
 
     @classmethod
     def start(cls, model: ir.Model, *, target: str, ort_version: str | None, options: dict[str, Any]) -> "Report":
@@ -111,8 +121,63 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d = {"dmlopt_version": __version__, **d}
+        d = {"verdict": self.verdict(), "dmlopt_version": __version__, **d}
         return d
+
+    def verdict(self) -> list[str]:
+        """What the user came for, one line each: DirectML placement before -> after, numerics with
+        the shapes used, timing (or why none)."""
+        lines = []
+        p = self.placement or {}
+        if p.get("before") and p.get("after"):
+            b, a = p["before"], p["after"]
+            def count(side, key):
+                value = side.get(key)
+                return len(value) if isinstance(value, list) else (value or {}).get("count", "?")
+            lines.append(f"DirectML (ORT {a.get('ort_version')}, predicted): CPU nodes {count(b, 'cpu_nodes')} -> "
+                         f"{count(a, 'cpu_nodes')}, copies {count(b, 'memcpy')} -> {count(a, 'memcpy')}, "
+                         f"partitions {count(b, 'partitions')} -> {count(a, 'partitions')}")
+        t = self.timing or {}
+        if t.get("provider") == DML_PROVIDER and t.get("copies_before") is not None:
+            lines.append(f"DirectML (measured): copies {t['copies_before']} -> {t['copies_after']}")
+        v = self.validation
+        if v is None:
+            lines.append("numerics: not checked (--no-validate)")
+        else:
+            where = shapes_text(v.get("inputs") or {}, v.get("input_basis"))
+            worst = max((o["max_rel"] for o in v["outputs"]), default=0.0)
+            state = (f"match (max relative error {worst:.2g})" if v["passed"]
+                     else "DIFFER" + (f" (first failing pass: {self.broken_by})" if self.broken_by else ""))
+            lines.append(f"numerics (ORT CPU EP): {state} on {where}")
+            on_ep = v.get("webgpu")
+            if on_ep is not None:  # the optimized model on the WebGPU EP itself (dmlopt.targets.webgpu.validation)
+                lines.append("numerics (WebGPU EP): " + (f"not run ({on_ep['skipped']})" if "skipped" in on_ep else
+                             f"{'match' if on_ep['passed'] else 'DIFFER'} on {on_ep['adapter']}"))
+        if self.real_ep is not None:  # the optimized model on the real DirectML EP
+            r = self.real_ep
+            if r.get("passed") is None:
+                lines.append(f"numerics (real DirectML EP): not run ({r.get('skipped', '')})")
+            else:
+                h, p = r.get("host") or {}, r.get("placement") or {}
+                lines.append(f"numerics (real DirectML EP, ORT {h.get('ort_version')}): "
+                             f"{'match' if r['passed'] else 'DIFFER'}; measured: CPU nodes {p.get('cpu_nodes')}, "
+                             f"copies {p.get('copies')}, compiled partitions {p.get('partitions')}"
+                             + (f" ({h['note']})" if h.get("note") else ""))
+        if t.get("identical"):
+            lines.append(f"timing: {t['verdict']}")
+        elif t and isinstance(t.get("before_ms"), (int, float)) and isinstance(t.get("after_ms"), (int, float)):
+            shapes = f" with {shapes_text(t['inputs'])}" if t.get("inputs") else ""
+            lines.append(f"timing on {t.get('provider')}{shapes}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms, "
+                         + t.get("verdict", f"x{t['speedup']:.2f}"))
+            if t.get("device_note"):
+                lines.append(t["device_note"])
+            if self.target == "dml" and t.get("provider") != DML_PROVIDER:
+                lines.append(f"note: timed on {t.get('provider')}, which does not represent DirectML")
+        elif t:
+            lines.append("timing: see the JSON report")
+        else:
+            lines.append(f"timing: none ({self.not_timed or 'not asked for'})")
+        return lines
 
     def to_json(self) -> str:
         return json_text(self.to_dict())
@@ -123,15 +188,21 @@ class Report:
         passes, choices = printable_tree(self.passes), printable_tree(self.choices)
         validation = printable_tree(self.validation)
         rows = [("pass", "nodes", "changed", "rewrote", "declined", "time")]
+        idle = [p["name"] for p in passes if not p["modified"] and not p["sites"]]
         for p in passes:
+            if p["name"] in idle:
+                continue
             rewrote = sum(1 for s in p["sites"] if s["action"] == "rewrote")
             declined = sum(1 for s in p["sites"] if s["action"] == "declined")
             delta = ", ".join(f"{op} {n:+d}" for op, n in p["op_delta"].items()) or "-"
             rows.append((p["name"], f"{p['nodes_before']} -> {p['nodes_after']}", delta[:60], rewrote, declined,
                          f"{p['seconds']:.2f}s"))
-        parts = [format_table(rows)]
+        verdict = "\n".join(printable(line) for line in self.verdict())
         if self.target_resolved:
-            parts.insert(0, f"target: {printable(self.target_resolved)}")
+            verdict += f"\ntarget: {printable(self.target_resolved)}"
+        parts = [verdict, format_table(rows) if len(rows) > 1 else "no pass changed the graph"]
+        if idle:
+            parts[-1] += f"\nchanged nothing: {', '.join(idle)}"
         declines = [(p["name"], s) for p in passes for s in p["sites"] if s["action"] == "declined"]
         if declines:
             parts.append("declined:\n" + "\n".join(f"  {name}: {s['node']} ({s['op']}): {s['detail']}"
@@ -141,20 +212,13 @@ class Report:
         notes = [(p["name"], n) for p in passes for n in p["notes"]]
         if notes:
             parts.append("notes:\n" + "\n".join(f"  {name}: {n}" for name, n in notes))
-        for c in choices:
-            parts.append(f"{c['pass']} --{c['option'].replace('_', '-')}: chose {c['choice']} ({c.get('how', '')})")
+        parts.extend(_choices_text(choices, {p["name"] for p in passes if p["modified"]}))
         if self.fp16_repair is not None:
             parts.append(_fp16_repair_text(printable_tree(self.fp16_repair)))
         if validation is not None:
             parts.append(_validation_table(validation))
             if self.real_ep is not None:
                 parts.append(real_ep.report_text(printable_tree(self.real_ep)))
-            if self.broken_by:
-                parts.append(f"first failing pass: {self.broken_by}")
-        if self.timing:
-            t = self.timing
-            parts.append(f"latency on {t.get('provider')}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms "
-                         f"(x{t['speedup']:.2f})" + (f"\n{t['device_note']}" if t.get("device_note") else ""))
         parts.extend(_session_text(self.graph_capture, self.session_config))
         return "\n\n".join(parts)
 
@@ -164,10 +228,30 @@ def _session_text(capture: dict[str, Any] | None, session: dict[str, Any] | None
     parts = []
     if capture:
         parts.append(printable(capture["line"], TEXT_WIDTH))  # holds dim and node names from the model
-    if session and session.get("path"):
-        parts.append(f"session configuration: {printable(session['path'])} (create the session with):\n"
-                     + "\n".join("    " + line if line else "" for line in session["snippet"].splitlines()))
+    if session and session.get("path"):  # the Python that loads it is in the JSON and HTML reports
+        parts.append(f"session configuration: {printable(session['path'])} (the Python that creates the "
+                     "session from it: `session_config.snippet` in --json or --report)")
     return parts
+
+
+def _choices_text(choices: list[dict[str, Any]], modified: set[str]) -> list[str]:
+    """One line per option that was timed or that acted on a pass that changed the graph; the
+    options left at their documented default in passes that touched nothing, in one line."""
+    lines, untouched = [], []
+    by_reason: dict[str, list[str]] = {}
+    for c in choices:
+        flag = f"--{c['option'].replace('_', '-')}"
+        if c.get("candidates") or c["pass"] == "pipeline":
+            lines.append(f"{c['pass']} {flag}: chose {c['choice']} ({c.get('how', '')})")
+        elif c["pass"] in modified:  # untimed: one line per reason, not one sentence per option
+            by_reason.setdefault(c.get("how", ""), []).append(f"{flag} {c['choice']}")
+        else:
+            untouched.append(flag)
+    for how, chosen in by_reason.items():
+        lines.append(f"chose {', '.join(chosen)} ({how})")
+    if untouched:
+        lines.append(f"left at their documented defaults, in passes that changed nothing: {', '.join(untouched)}")
+    return lines
 
 
 def _choice_summary(choice: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +282,7 @@ def _validation_table(v: dict[str, Any]) -> str:
     for o in v["outputs"]:
         rows.append((o["name"], f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}", f"{o['cosine']:.6f}",
                      "ok" if o["passed"] else "FAIL"))
-    text = "validation (ORT CPU EP, " + ("passed" if v.get("cpu_passed", v["passed"]) else "FAILED") + "):\n"
+    text = "validation per output (ORT CPU EP, " + ("passed" if v.get("cpu_passed", v["passed"]) else "FAILED") + "):\n"
     text += format_table(rows)
     on_ep = v.get("webgpu")
     if on_ep is not None and "skipped" in on_ep:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dmlopt import limits, scratch
+from dmlopt import input_sizes, limits, scratch
 from dmlopt.errors import InputError, ProviderError
 from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
 from dmlopt.targets.webgpu import adapter as webgpu_adapter
@@ -210,6 +210,11 @@ def _placeholder(name: str, tensor: ir.TensorProtocol, nbytes: int) -> onnx.Tens
     return t
 
 
+def has_external_data(model: ir.Model) -> bool:
+    """Whether a weight of the model lives in another file."""
+    return _has_external(model)
+
+
 def _has_external(model: ir.Model) -> bool:
     for graph in model.graphs():
         for v in graph.initializers.values():
@@ -358,30 +363,20 @@ NUMPY_TYPES = {
 
 
 def input_specs(model: ir.Model, shapes: Mapping[str, list[int]] | None = None,
-                dims: Mapping[str, int] | None = None) -> dict[str, tuple[list[int], Any]]:
-    """Concrete (shape, numpy dtype) per graph input: user shapes, then dims, symbolic -> 1."""
-    shapes = shapes or {}
-    dims = dims or {}
-    specs = {}
-    for value in model.graph.inputs:
-        if value.name in model.graph.initializers:
-            continue
+                dims: Mapping[str, int] | None = None, *,
+                fixed: Mapping[tuple[str, int], int] | None = None,
+                basis: list[str] | None = None) -> dict[str, tuple[list[int], Any]]:
+    """Concrete (shape, numpy dtype) per graph input: user shapes and dims, then the sizes the
+    model implies (dmlopt.input_sizes; FreeDims, an InputError, when nothing sizes a dim).
+    `fixed`: sizes by (input, axis) from another model; `basis` gets where each size came from."""
+    for value in input_sizes.runtime_inputs(model):
         if value.type is not None and not isinstance(value.type, ir.TensorType):
             raise InputError(f"input '{value.name}' is a {value.type}, not a tensor: dmlopt can only feed tensors")
-        if value.name in shapes:
-            shape = [int(d) for d in shapes[value.name]]
-        else:
-            shape = []
-            for d in (value.shape.dims if value.shape is not None else ()):
-                if isinstance(d, int) and d >= 0:  # a negative declared dim means "unknown" (some exporters)
-                    shape.append(d)
-                elif d is not None and getattr(d, "value", None) in dims:
-                    shape.append(int(dims[d.value]))
-                else:
-                    shape.append(1)
-        dtype = value.dtype.numpy() if value.dtype is not None else np.float32
-        specs[value.name] = (shape, dtype)
-    return specs
+    sizes = input_sizes.choose(model, shapes, dims, fixed=fixed)
+    if basis is not None:
+        basis.extend(sizes.basis)
+    return {value.name: (sizes.shapes[value.name], value.dtype.numpy() if value.dtype is not None else np.float32)
+            for value in input_sizes.runtime_inputs(model)}
 
 
 # A declared dim can be anything up to 2**63; refuse before numpy tries to allocate it.  Counted

@@ -115,15 +115,17 @@ def _measured_options(ep_tuning: Mapping[str, Any] | None) -> dict[str, tuple[st
     best = ep_tuning["best"]
     ratio = (models.get(best) or {}).get("ratio_median")
     baseline = ep_tuning.get("baseline")
-    if best == baseline or ratio is None or ratio >= 1.0:
-        return {}
+    spread = (models.get(best) or {}).get("ratio") or {}
+    if best == baseline or ratio is None or ratio >= 1.0 or spread.get("verdict", "faster") != "faster":
+        return {}  # no option recommended on a difference inside the noise
     found = {}
     defaults = (models.get(baseline) or {}).get("provider_options") or {}
     for key in ep_tuning.get("varied") or []:
         value = str(ep_tuning["best_options"][key])
         if key in MEASURED_OPTIONS and value != str(defaults.get(key)):
             found[key] = (value, f"measured on {ep_tuning.get('provider')}: {best} ran x{ratio:.3f} the time of "
-                                 f"{baseline} (median of per-pair ratios over {_runs(models, best)} runs)")
+                                 f"{baseline} (median of per-pair ratios over {_runs(models, best)} runs"
+                                 + (f", p10-p90 {spread['p10']:.3f}-{spread['p90']:.3f}" if spread else "") + ")")
     return found
 
 

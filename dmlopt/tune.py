@@ -95,7 +95,7 @@ class Decision:
         return self.how != "user"
 
 
-LEFT_AT_AUTO = "not timed: left at auto without --tune (set it to auto, or --tune, to measure)"
+LEFT_AT_AUTO = "the documented default, not timed (--tune, or the option set to auto, measures the candidates)"
 
 
 def decide(opt: Option, p: DmlPass, *, tune: bool, not_runnable: str | None) -> Decision:
@@ -472,6 +472,7 @@ def _candidates(timed: Mapping[str, Any], builds: Mapping[Any, _Build], baseline
     by_label = {str(c): b for c, b in builds.items()}
     return {c: {"median_ms": m["latency_ms"]["median"], "min_ms": m["latency_ms"]["min"],
                 "p90_ms": m["latency_ms"]["p90"], "ratio_vs_" + baseline: m["ratio_median"],
-                "ratio": m["ratio_median"], "copies": m["copies"], "max_rel_error": by_label[c].max_rel_error,
+                "ratio": m["ratio_median"], "ratio_spread": m.get("ratio"), "copies": m["copies"],
+                "max_rel_error": by_label[c].max_rel_error,
                 "precision": by_label[c].precision}
             for c, m in timed["models"].items()}

@@ -16,6 +16,7 @@ never a rounded or overflowing intermediate value.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import os
@@ -24,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import runtime
+from dmlopt import input_sizes, runtime
 from dmlopt.errors import InputError, UsageError
 from dmlopt.inputs_file import read_npz
 from dmlopt.model import ModelLike, load
@@ -64,13 +65,14 @@ class Validation:
     outputs: list[OutputCheck]
     inputs: dict[str, list[int]]
     seed: int | None
+    basis: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return all(o.passed for o in self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "inputs": self.inputs, "seed": self.seed,
+        return {"passed": self.passed, "inputs": self.inputs, "input_basis": self.basis, "seed": self.seed,
                 "outputs": [o.to_dict() for o in self.outputs]}
 
     def to_table(self) -> str:
@@ -79,7 +81,14 @@ class Validation:
             rows.append((o.name, o.dtype, "x".join(map(str, o.shape)) or "scalar", f"{o.max_abs:.3g}",
                          f"{o.max_rel:.3g}", f"{o.cosine:.6f}", f"{o.atol:g}+{o.rtol:g}*|ref|",
                          "ok" if o.passed else f"FAIL {o.reason}".strip()))
-        return format_table(rows)
+        verdict = "numerics: " + ("match" if self.passed else "DIFFER") + f" on {shapes_text(self.inputs, self.basis)}"
+        return verdict + "\n" + format_table(rows)
+
+
+def shapes_text(inputs: Mapping[str, list[int]], basis: list[str] | None = None) -> str:
+    """``image 1x3x64x64 (height,width=64 (spatial ...))``: the shapes a run used and why."""
+    shown = ", ".join(f"{name} {'x'.join(map(str, s)) or 'scalar'}" for name, s in inputs.items()) or "no inputs"
+    return shown + (f" ({'; '.join(basis)})" if basis else "")
 
 
 def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -87,24 +96,32 @@ def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return read_npz(path)
 
 
-def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs both models accept: given ones, else seeded random ones of the most static shapes."""
+def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *,
+                basis: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Inputs both models accept: given ones, else seeded random ones of sizes that exercise the
+    model (dmlopt.input_sizes: the candidate's static dims first, so a shape-fixed output and its
+    dynamic original run the same inputs).  `basis` gets where each chosen size came from.
+
+    Arrays of the file that are not inputs (an .npz that also holds reference outputs) are left out."""
     if isinstance(inputs, (str, os.PathLike)):
         inputs = load_inputs(inputs)
-    specs = runtime.input_specs(ref, shapes, dims)
-    cand_specs = runtime.input_specs(cand, shapes, dims)
-    for name, (shape, dtype) in cand_specs.items():
-        if name in specs and _static(cand, name):
-            specs[name] = (shape, specs[name][1])
-    given = set(inputs or ())
+    names = [v.name for v in input_sizes.runtime_inputs(ref)]
+    given = {k: np.asarray(v) for k, v in (inputs or {}).items() if k in names}
+    if inputs and not given:
+        outputs = {o.name for o in ref.graph.outputs}
+        raise UsageError(f"inputs file holds none of the model's inputs ({', '.join(names)}): it names "
+                         + ", ".join(f"{k}{' (an output)' if k in outputs else _close(k, names)}" for k in inputs))
+    shapes = {**_fully_static(cand, names), **(shapes or {}), **{k: list(v.shape) for k, v in given.items()}}
+    specs = runtime.input_specs(ref, shapes, dims, fixed=input_sizes.static_dims(cand), basis=basis)
     feeds = runtime.random_inputs({k: v for k, v in specs.items() if k not in given}, seed)
-    if inputs:
-        unknown = set(inputs) - set(specs)
-        if unknown:
-            raise UsageError(f"inputs file names {', '.join(sorted(unknown))}, which the model does not have "
-                             f"(inputs: {', '.join(specs)})")
-        feeds.update({k: np.asarray(v) for k, v in inputs.items()})
+    feeds.update(given)
     return feeds
+
+
+def _fully_static(model, names) -> dict[str, list[int]]:
+    """The inputs of `model` among `names` whose every dim is static, with their shapes."""
+    return {v.name: [int(d) for d in v.shape.dims] for v in input_sizes.runtime_inputs(model)
+            if v.name in names and _static(model, v.name) and all(d >= 0 for d in v.shape.dims)}
 
 
 def _static(model, name: str) -> bool:
@@ -112,6 +129,11 @@ def _static(model, name: str) -> bool:
         if v.name == name:
             return v.shape is not None and all(isinstance(d, int) for d in v.shape.dims)
     return False
+
+
+def _close(name: str, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]] | None = None,
@@ -126,12 +148,20 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
     ref_model, cand_model = load(ref), load(cand)
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
-    feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed)
-    ref_out = run(ref_model, feeds)
-    cand_out = run(cand_model, feeds, ep)
+    basis: list[str] = []
+    feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed, basis=basis)
+    try:
+        ref_out = run(ref_model, feeds)
+        cand_out = run(cand_model, feeds, ep)
+    except InputError as e:
+        if not basis:
+            raise
+        used = shapes_text({k: list(v.shape) for k, v in feeds.items()}, basis)
+        raise InputError(f"{e} (on the shapes dmlopt chose: {used}; give the model's real sizes with --shape or "
+                         "--dim)") from e
     checks = [compare(name, ref_out[name], cand_out.get(name), atol, rtol, allow_nonfinite=allow_nonfinite)
               for name in ref_out]
-    return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed)
+    return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed, basis)
 
 
 def run(model, feeds: Mapping[str, np.ndarray], target: str = "cpu") -> dict[str, np.ndarray]:

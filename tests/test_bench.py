@@ -7,6 +7,7 @@ import io
 import json
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -203,7 +204,8 @@ def test_to_table_escapes_failure_text_and_node_names(model):
     assert not any(c in text for c in "\x1b\r\x07")
     assert "x=1: could not start: ORT said \\x1b[2Jno\\r\\nbest: forged" in text
     assert "conv\\nbest: forged\\x07" in text
-    assert [line for line in text.splitlines() if line.startswith("best: ")] == [f"best: {out['best']}  ({out['flags']})"]
+    (best,) = [line for line in text.splitlines() if line.startswith("best: ")]  # one line, not forged ones
+    assert best == f"best: {out['best']}  ({out['flags']})" or best.startswith("best: no option set is measurably")
 
 
 def test_retime_reports_before_after_and_speedup(model):
@@ -257,10 +259,14 @@ def test_bench_profile_table_and_json(cli, model_path):
     assert profile["kernel_ms"] == pytest.approx(sum(e["ms"] for e in profile["op_time_ms"].values()))
 
 
-def test_bench_compare_table(cli, model_path):
-    r = cli("bench", model_path, "--compare", model_path, "--runs", 2, "--warmup", 1, "--dim", "N=1")
+def test_bench_compare_table(cli, model_path, tmp_path):
+    other = tmp_path / "other.onnx"
+    onnx.save(conv_leaky_model(alpha=0.2), other)
+    r = cli("bench", model_path, "--compare", other, "--runs", 2, "--warmup", 1, "--dim", "N=1")
     assert r.code == 0, r.err
-    assert "ratio vs model" in r.out and "other" in r.out and "copies" in r.out
+    # each model by its file, the inputs both ran, the ratio with its spread and run count
+    assert "ratio vs model.onnx" in r.out and "other.onnx" in r.out and "copies" in r.out
+    assert "inputs (same for every model): x 1x" in r.out and "over 2 alternating pairs" in r.out
 
 
 @pytest.mark.skipif(runtime.has_target("cuda"), reason="CUDA is present here")

@@ -32,6 +32,7 @@ def big_model(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # builds a 2 GB model: ~8 GB peak, 50 s
 def test_over_2gb_loads_optimizes_and_saves_with_external_data(big_model, tmp_path):
     data = big_model.parent / "big.onnx.data"
     size_before = data.stat().st_size

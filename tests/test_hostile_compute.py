@@ -260,6 +260,7 @@ def _cpu_seconds(model: onnx.ModelProto) -> float:
     return time.process_time() - t0
 
 
+@pytest.mark.slow  # CPU-time scaling over 7500 nodes: 15 s
 def test_work_grows_about_linearly_with_the_graph():
     small, large = 1500, 6000
     _cpu_seconds(_chain(200))  # imports and first-call costs out of the measurement
@@ -320,6 +321,7 @@ def test_random_input_over_the_cap_is_a_clear_error(cli, tmp_path):
     assert "--inputs FILE.npz" in one_error_line(result.err)
 
 
+@pytest.mark.slow  # peak-memory subprocesses: 15 s
 def test_large_uint8_input_is_validated_without_float64_copies(tmp_path):
     n = 40 << 20  # 40 MB of uint8: as float64/int64 copies it was 320 MB each
     one = numpy_helper.from_array(np.array([1], np.uint8), "one")
@@ -381,6 +383,6 @@ def test_onnx_runtime_failing_while_timing_is_exit_2(cli, tmp_path):
     shape = numpy_helper.from_array(np.array([2, 3], np.int64), "sh")
     src = _save(tmp_path / "badrun.onnx", [helper.make_node("Reshape", ["x", "sh"], ["y"])], [_vi("x", ["n"])],
                 [_vi("y", [2, 3])], [shape])
-    result = cli("bench", src, "--ep", "cpu")
+    result = cli("bench", src, "--ep", "cpu", "--dim", "n=1")
     assert result.code == 2
     assert "failed to run the model on CPUExecutionProvider while timing it" in one_error_line(result.err)

@@ -440,7 +440,7 @@ def test_inspect_escapes_control_codes_and_newlines_in_names(cli, tmp_path):
 def test_optimize_table_escapes_names(cli, tmp_path):
     model = _model([helper.make_node("Relu", ["x"], [FORGED])], [_vi("x")], [_vi(FORGED)])
     path = _save(tmp_path, "names.onnx", model)
-    r = cli("optimize", path, "-o", tmp_path / "out.onnx", "-q", "--target", "cpu")
+    r = cli("optimize", path, "-o", tmp_path / "out.onnx", "--target", "cpu")
     assert r.code == 0, r.err
     assert "\x1b" not in r.out and "\r" not in r.out
     assert "x\\n\\x1b[2Kinput   forged" in r.out

@@ -21,11 +21,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
                "dmlopt.target", "dmlopt.scratch", "dmlopt.data", "dmlopt.outputs", "dmlopt.arg_types",
-               "dmlopt.limits", "dmlopt.inputs_file", "dmlopt.supervisor",
+               "dmlopt.limits", "dmlopt.inputs_file", "dmlopt.supervisor", "dmlopt.pass_catalog",
                # WebGPU facts from ORT's source and the Vulkan adapter list: read by passes and runtime alike.
                "dmlopt.targets.webgpu.registry", "dmlopt.targets.webgpu.adapter"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
-                   "dmlopt.graph_check", "dmlopt.names"],
+                   "dmlopt.graph_check", "dmlopt.names", "dmlopt.input_sizes"],
     # The WebGPU host registers the plug-in EP that runtime's sessions use.
     "ONNX Runtime": ["dmlopt.targets.webgpu.host", "dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
     # Each target's knowledge in one package (dmlopt.targets.<ep>); graph capture spans targets.
@@ -33,10 +33,14 @@ LAYERS = {
     "passes and report": ["dmlopt.passes", "dmlopt.report", "dmlopt.html_report", "dmlopt.inspection",
                           "dmlopt.session_config"],
     "engine": ["dmlopt.pipeline", "dmlopt.tune", "dmlopt.fp16_repair"],
-    "face": ["dmlopt", "dmlopt.__main__", "dmlopt.cli", "dmlopt.demo"],
+    "face": ["dmlopt", "dmlopt.__main__", "dmlopt.cli", "dmlopt.demo", "dmlopt.launch"],
 }
-# Imports of dmlopt inside a function that are allowed, as (module, imported module): none now.
-FUNCTION_IMPORTS_ALLOWED: set[tuple[str, str]] = set()
+# Imports of dmlopt inside a function that are allowed, as (module, imported module): the API's
+# functions on first use and the entry point's commands, so that `import dmlopt`, `dmlopt --help`
+# and `dmlopt passes` start without the ONNX stack (issue 22; tests/test_startup.py).
+FUNCTION_IMPORTS_ALLOWED: set[tuple[str, str]] = {
+    ("dmlopt", "dmlopt.inspection"), ("dmlopt", "dmlopt.model"), ("dmlopt", "dmlopt.pipeline"),
+    ("dmlopt", "dmlopt.validate"), ("dmlopt.launch", "dmlopt.cli")}
 
 
 def modules() -> dict[str, pathlib.Path]:

@@ -71,6 +71,7 @@ def _growth_bytes(model, out, *flags) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc/self/clear_refs")
 @pytest.mark.parametrize("flags", [(), ("--no-validate",)], ids=["validate", "no-validate"])
+@pytest.mark.slow  # peak-memory subprocesses on 96 MiB of weights
 def test_optimize_peak_rss_stays_within_a_few_weight_copies(tmp_path, flags):
     big, small = tmp_path / "big.onnx", tmp_path / "small.onnx"
     _model(big, WIDTH, LAYERS)

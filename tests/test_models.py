@@ -193,6 +193,7 @@ def test_sam_small_dynamic_runs_at_batch_2(fresh_sam, sam_module):
     np.testing.assert_allclose(y, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # torch dynamo export: 10 s
 def test_sam_dynamo_export_runs(tmp_path, sam_module):
     path = sam_encoder.export_dynamo(tmp_path / "dynamo.onnx", dynamic_batch=True)
     model = onnx.load(path)

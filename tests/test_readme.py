@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 import sysconfig
 import venv
 
+import onnx
 import pytest
+
+from dmlopt.cli import main
+from tests import shape_models
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -55,3 +60,36 @@ def test_readme_demo_command_in_a_fresh_environment(tmp_path):
     installed = subprocess.run([str(bin_dir / "python"), "-c", "import dmlopt, sys; print(dmlopt.__file__)"],
                                capture_output=True, text=True, env=env, cwd=work)
     assert str(env_dir) in installed.stdout  # the demo ran from the fresh install, not the checkout
+
+
+def use_it_commands() -> list[str]:
+    """The shell lines of the README's "Use it" section, comments dropped."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use it", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_readme_examples_on_a_model_with_dynamic_axes(tmp_path, monkeypatch, capsys):
+    """Every `dmlopt ...` line of "Use it", as a newcomer runs it on their own model with dynamic
+    batch, height and width (a small U-Net stands in for the SAM encoder of the examples)."""
+    monkeypatch.chdir(tmp_path)
+    onnx.save(shape_models.unet(input_name="input_image"), tmp_path / "sam_vit_b_encoder.onnx")
+    commands = use_it_commands()
+    assert len(commands) >= 6 and all(c.startswith("dmlopt ") for c in commands)
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        if argv[0] == "bench":
+            argv += ["--runs", "3", "--warmup", "1"]
+        code = main(argv)
+        out, err = capsys.readouterr()
+        if argv[0] == "calibrate" and "DirectML" in err:  # Windows only: one line, exit 2
+            assert code == 2 and err.count("\n") == 1, err
+            continue
+        assert code == 0, (command, err)
+        assert "Traceback" not in err
+        if argv[0] == "validate":
+            assert "input_image 1x3x" in out.splitlines()[0] and "numerics: match" in out
+        if argv[0] == "bench":
+            assert "inputs (same for every model): input_image 1x3x1024x1024" in out
+    assert (tmp_path / "sam.dml.onnx").is_file() and (tmp_path / "report.html").is_file()

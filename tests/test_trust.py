@@ -1,0 +1,290 @@
+"""Numbers a user can trust (issue 22): real shapes, the same inputs, no noise, the verdict first."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+import dmlopt
+from dmlopt import bench, html_report, input_sizes, runtime
+from dmlopt.errors import InputError
+from tests import shape_models
+from tests.conftest import conv_leaky_model
+
+
+def _save(tmp_path, proto, name):
+    path = tmp_path / name
+    onnx.save(proto, path)
+    return str(path)
+
+
+# -- item 1: dynamic dims get sizes that exercise the model ----------------------------------------
+
+def test_unet_spatial_dims_are_a_multiple_of_its_stride_not_one():
+    model = ir.from_proto(shape_models.unet())
+    shape = runtime.input_specs(model)["image"][0]
+    assert shape[0] == 1 and shape[1] == 3
+    assert shape[2] == shape[3] >= 32 and shape[2] % input_sizes.total_stride(model) == 0
+    assert input_sizes.total_stride(model) == 4  # two 2x2 pools
+
+
+def test_super_resolution_unnamed_dims_get_a_real_image(cli, tmp_path):
+    path = _save(tmp_path, shape_models.super_resolution(), "sr.onnx")
+    r = cli("validate", path, path, "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["inputs"]["lr"] == [1, 3, 32, 32]
+    assert data["outputs"][0]["shape"] == [1, 3, 64, 64]  # DepthToSpace x2 of a 32x32 image, not 1x1
+    assert any("image dims: the smallest multiple of the total stride 1 from 32" in b for b in data["input_basis"])
+
+
+def test_patch_vit_gets_the_size_its_position_table_implies(cli, tmp_path):
+    """16x16 patches and a static table of 196 positions: only 224x224 runs (1x1 failed in ORT)."""
+    path = _save(tmp_path, shape_models.patch_vit(image=224), "vit.onnx")
+    r = cli("validate", path, path)
+    assert r.code == 0, r.err
+    assert "pixels 1x3x224x224" in r.out.splitlines()[0]  # the verdict line names the shapes used
+    r = cli("bench", path, "--ep", "cpu", "--runs", 1, "--warmup", 0)
+    assert r.code == 0, r.err
+    assert "inputs: pixels 1x3x224x224" in r.out
+
+
+def test_a_dim_nothing_sizes_is_refused_naming_it_and_the_flag(cli, tmp_path):
+    path = _save(tmp_path, shape_models.token_model(), "tok.onnx")
+    for args in (("validate", path, path), ("bench", path, "--ep", "cpu"),
+                 ("optimize", path, "-o", tmp_path / "o.onnx")):
+        r = cli(*args)
+        assert r.code == 2, (args, r.out)
+        assert "'seq' (x[1])" in r.err and "--dim seq=N" in r.err and "Traceback" not in r.err
+    assert not (tmp_path / "o.onnx").exists()
+    r = cli("validate", path, path, "--dim", "seq=5")
+    assert r.code == 0 and "x 1x5x8" in r.out
+
+
+def test_example_sizes_from_metadata_and_dim_names():
+    model = ir.from_proto(shape_models.token_model())
+    model.metadata_props["seq"] = "12"
+    assert runtime.input_specs(model)["x"][0] == [1, 12, 8]
+    model = ir.from_proto(shape_models.token_model())
+    model.graph.inputs[0].shape = ir.Shape(["batch", "seq_77", 8])
+    assert runtime.input_specs(model)["x"][0] == [1, 77, 8]
+
+
+def test_the_user_sizes_win():
+    model = ir.from_proto(shape_models.unet())
+    assert runtime.input_specs(model, dims={"height": 48, "width": 40})["image"][0] == [1, 3, 48, 40]
+    assert runtime.input_specs(model, {"image": [2, 3, 16, 16]})["image"][0] == [2, 3, 16, 16]
+
+
+def test_a_static_dim_the_graph_fixes_is_found():
+    """A sequence added to a static table of 10 positions: 10 is the only size that fits."""
+    model = ir.from_onnx_text('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, seq, 4] x, float[1, 10, 4] pos) => (float[batch, seq, 4] y) { y = Add(x, pos) }''')
+    pos = model.graph.inputs.pop()
+    pos.const_value = ir.tensor(np.zeros((1, 10, 4), np.float32))
+    model.graph.register_initializer(pos)
+    assert runtime.input_specs(model)["x"][0] == [1, 10, 4]
+
+
+def test_optimize_refuses_free_dims_before_any_pass(tmp_path):
+    with pytest.raises(InputError, match="seq"):
+        dmlopt.optimize(ir.from_proto(shape_models.token_model()), target="cpu")
+
+
+# -- item 2: bench --compare runs both models on the same inputs -------------------------------------
+
+def test_compare_a_shape_fixed_model_with_its_dynamic_original_on_the_fixed_shapes(cli, tmp_path):
+    dynamic = shape_models.unet()
+    fixed = shape_models.unet()
+    dims = fixed.graph.input[0].type.tensor_type.shape.dim
+    for d, v in zip(dims, (1, 3, 64, 48)):
+        d.Clear()
+        d.dim_value = v
+    a, b = _save(tmp_path, dynamic, "unet.onnx"), _save(tmp_path, fixed, "unet.fixed.onnx")
+    r = cli("bench", a, "--compare", b, "--ep", "cpu", "--runs", 3, "--warmup", 1, "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["inputs"] == {"image": [1, 3, 64, 48]} and set(data["models"]) == {"unet.onnx", "unet.fixed.onnx"}
+    for d, v in zip(dims, (1, 3, 32, 32)):
+        d.Clear()
+        d.dim_value = v
+    c = _save(tmp_path, fixed, "unet.other.onnx")
+    r = cli("bench", b, "--compare", c, "--ep", "cpu")
+    assert r.code == 2 and "cannot run the same inputs" in r.err
+
+
+# -- item 3: no noise ---------------------------------------------------------------------------------
+
+def test_a_ratio_inside_the_noise_is_no_measurable_difference():
+    noisy = bench.ratio_summary([0.9, 1.1, 0.95, 1.05, 1.0])
+    assert noisy["verdict"] == "no measurable difference" and noisy["runs"] == 5
+    assert bench.ratio_text(noisy).startswith("no measurable difference (time ratio 1.000, p10-p90")
+    faster = bench.ratio_summary([0.5, 0.52, 0.48, 0.5, 0.5])
+    assert faster["verdict"] == "faster" and bench.ratio_text(faster).startswith("x2.00 faster")
+    assert bench.ratio_summary([1.5, 1.6, 1.4])["verdict"] == "slower"
+
+
+def test_an_unchanged_graph_is_reported_identical_not_timed(tmp_path):
+    path = _save(tmp_path, conv_leaky_model(), "m.onnx")
+    result = dmlopt.optimize(path, target="cpu", passes="prelu", dims={"N": 1})
+    assert not any(p["modified"] for p in result.report.passes)
+    assert result.report.timing["identical"] is True and "before_ms" not in result.report.timing
+    assert "timing: identical graph" in result.report.to_table()
+
+
+# -- item 6/7: the verdict first, said once -----------------------------------------------------------
+
+def test_report_opens_with_the_verdict(tmp_path):
+    path = _save(tmp_path, shape_models.unet(), "unet.onnx")
+    rep = dmlopt.optimize(path, target="dml", retime=False).report
+    lines = rep.to_table().splitlines()
+    assert lines[0].startswith("DirectML (ORT ") and "CPU nodes" in lines[0] and "copies" in lines[0]
+    assert lines[1].startswith("numerics (ORT CPU EP): match") and "image 1x3x32x32" in lines[1]
+    # no DirectML host in the default test run: the real EP's line says why it did not run
+    assert lines[2].startswith("numerics (real DirectML EP): not run (")
+    assert lines[3].startswith("timing: none (")
+    data = rep.to_dict()
+    assert list(data)[0] == "verdict" and data["verdict"] == lines[:4]
+    # an option of a pass that changed nothing is not a sentence of its own
+    assert sum("not timed" in line for line in lines) <= 1
+
+
+def test_quiet_optimize_prints_only_the_verdict_and_the_paths(cli, tmp_path):
+    path = _save(tmp_path, shape_models.unet(), "unet.onnx")
+    out = tmp_path / "o.onnx"
+    r = cli("optimize", path, "-o", out, "-q", "--target", "cpu", "--no-time")
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0].startswith("numerics") and len(r.out.splitlines()) <= 3
+    assert f"wrote {out}" in r.err
+
+
+# -- item 9 -------------------------------------------------------------------------------------------
+
+def test_inputs_file_with_reference_outputs_is_accepted(cli, tmp_path):
+    path = _save(tmp_path, conv_leaky_model(), "m.onnx")
+    npz = tmp_path / "io.npz"
+    np.savez(npz, x=np.ones((1, 3, 8, 8), np.float32), y=np.zeros((1, 4, 8, 8), np.float32))
+    r = cli("validate", path, path, "--inputs", npz)
+    assert r.code == 0, r.err
+    np.savez(npz, y=np.zeros((1, 4, 8, 8), np.float32))
+    r = cli("validate", path, path, "--inputs", npz)
+    assert r.code == 2 and "y (an output)" in r.err
+
+
+def test_pass_typo_suggests_the_name(cli, tmp_path):
+    path = _save(tmp_path, conv_leaky_model(), "m.onnx")
+    r = cli("optimize", path, "-o", tmp_path / "o.onnx", "--passes", "leaky-rleu")
+    assert r.code == 2 and "did you mean 'leaky-relu'" in r.err
+
+
+def test_inspect_counts_attention_and_conv_transpose(cli, tmp_path):
+    model = ir.from_onnx_text('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 4, 8] q, float[1, 8, 4] k, float[1, 4, 8] v, float[1, 2, 4, 4] img, float[2, 3, 2, 2] w)
+          => (float[1, 4, 8] o, float[1, 3, 8, 8] up) {
+            s = MatMul(q, k)
+            p = Softmax <axis = -1> (s)
+            o = MatMul(p, v)
+            up = ConvTranspose <strides = [2, 2]> (img, w)
+        }''')
+    path = tmp_path / "a.onnx"
+    ir.save(model, path)
+    r = cli("inspect", path)
+    assert "attention (Softmax into MatMul, or fused): 1" in r.out and "ConvTranspose: 1 (strides 2x2)" in r.out
+
+
+def test_html_opens_with_the_verdict_and_charts_what_changed_in_kind():
+    rep = {"verdict": ["numerics (ORT CPU EP): match on x 1x3x64x64"],
+           "input": {"op_counts": {"Constant": 400, "Einsum": 24, "MatMul": 30, "Add": 50}},
+           "output": {"op_counts": {"Constant": 100, "com.microsoft.MultiHeadAttention": 12, "MatMul": 28, "Add": 50}},
+           "timing": {"provider": "CPUExecutionProvider", "identical": True, "verdict": "identical graph"}}
+    page = html_report.render(rep)
+    assert page.index('id="verdict"') < page.index('id="summary"')
+    chart = page[page.index('id="op-chart"'):page.index("</svg>", page.index('id="op-chart"'))]
+    labels = [line.split(">")[-1] for line in chart.split("</text>") if 'text-anchor="end"' in line]
+    assert set(labels[:2]) == {"com.microsoft.MultiHeadAttention", "Einsum"}  # in full, not clipped
+    assert "Constant" not in labels and "Add" not in labels
+
+
+def test_inspect_says_which_shapes_validation_would_use(cli, tmp_path):
+    r = cli("inspect", _save(tmp_path, shape_models.unet(), "unet.onnx"))
+    assert "validated and timed by default on: image 1x3x32x32" in r.out
+    r = cli("inspect", _save(tmp_path, shape_models.token_model(), "tok.onnx"), "--json")
+    assert "--dim seq=N" in json.loads(r.out)["validation_inputs"]["refused"]
+
+
+def test_a_dml_model_timed_on_the_cpu_says_it_does_not_represent_directml(cli, tmp_path):
+    path = _save(tmp_path, conv_leaky_model(), "m.onnx")
+    out = tmp_path / "m.dml.onnx"
+    assert cli("optimize", path, "-o", out, "-q", "--dim", "N=1").code == 0
+    r = cli("bench", out, "--ep", "cpu", "--runs", 1, "--warmup", 0)
+    assert r.code == 0, r.err
+    assert "does not represent DmlExecutionProvider" in r.out
+    r = cli("bench", path, "--ep", "cpu", "--runs", 1, "--warmup", 0)
+    assert "does not represent" not in r.out
+
+
+def test_the_timing_line_names_the_shapes_timed_and_its_spread(tmp_path):
+    path = _save(tmp_path, conv_leaky_model(), "m.onnx")
+    rep = dmlopt.optimize(path, target="cpu", passes="cleanup").report  # drops the Identity: a changed graph
+    line = next(x for x in rep.verdict() if x.startswith("timing"))
+    assert "with x 1x3x8x8" in line and "alternating pairs" in line and "p10-p90" in line
+
+
+def test_session_overrides_are_the_sizes_validated():
+    rep = dmlopt.optimize(ir.from_proto(shape_models.unet()), target="dml").report
+    assert rep.session_config["config"]["free_dimension_overrides"] == {"batch": 1, "height": 32, "width": 32}
+    assert rep.validation["inputs"] == {"image": [1, 3, 32, 32]}
+
+
+def test_an_nhwc_image_transposed_to_nchw_gets_image_sizes():
+    model = ir.from_onnx_text('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, h, w, 3] x, float[4, 3, 2, 2] k) => (float[batch, 4, hh, ww] y) {
+            t = Transpose <perm = [0, 3, 1, 2]> (x)
+            y = Conv <strides = [2, 2]> (t, k)
+        }''')
+    k = model.graph.inputs.pop()
+    k.const_value = ir.tensor(np.ones((4, 3, 2, 2), np.float32))
+    model.graph.register_initializer(k)
+    assert runtime.input_specs(model)["x"][0] == [1, 32, 32, 3]
+
+
+def test_a_rewrite_right_only_at_one_pixel_is_caught(cli, tmp_path):
+    """Validated at 1x1 (as before), a model that averages the image and broadcasts it back matched one
+    that keeps every pixel; at the sizes dmlopt now chooses it does not."""
+    head = '''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 3, h, w] x, float[4, 3, 1, 1] k) => (float[batch, 4, h, w] y) {'''
+    ref = ir.from_onnx_text(head + "y = Conv(x, k) }")
+    cand = ir.from_onnx_text(head + '''
+            m = GlobalAveragePool(x)
+            s = Shape(x)
+            e = Expand(m, s)
+            y = Conv(e, k) }''')
+    for model in (ref, cand):
+        k = model.graph.inputs.pop()
+        k.const_value = ir.tensor(np.ones((4, 3, 1, 1), np.float32))
+        model.graph.register_initializer(k)
+    paths = [tmp_path / "ref.onnx", tmp_path / "cand.onnx"]
+    for model, path in zip((ref, cand), paths):
+        ir.save(model, path)
+    assert cli("validate", *paths, "--dim", "h=1", "--dim", "w=1").code == 0  # what validation did before
+    r = cli("validate", *paths)
+    assert r.code == 1 and "numerics: DIFFER on x 1x3x32x32" in r.out
+
+
+def test_tune_ep_names_no_best_inside_the_noise():
+    def result(ratios):
+        models = {"a=1": {"ratios": [1.0] * 5}, "a=0": {"ratios": ratios}}
+        return {"models": models, "best": "a=0", "baseline": "a=1", "flags": "--provider-option a=0"}
+    assert bench._best_line(result([0.9, 1.1, 0.95, 1.02, 0.97])).startswith(
+        "best: no option set is measurably faster than a=1 (fastest median: a=0, no measurable difference")
+    assert bench._best_line(result([0.5, 0.52, 0.48, 0.5, 0.5])) == "best: a=0  (--provider-option a=0)"
+
+
+def test_bench_compare_of_identical_files_times_nothing(cli, tmp_path):
+    a, b = _save(tmp_path, conv_leaky_model(), "a.onnx"), _save(tmp_path, conv_leaky_model(), "b.onnx")
+    r = cli("bench", a, "--compare", b, "--ep", "cpu")
+    assert r.code == 0 and r.out.startswith("identical models:") and "ratio" not in r.out
