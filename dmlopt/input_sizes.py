@@ -31,7 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt.errors import InputError
-from dmlopt.shape_inference import weightless_proto
+from dmlopt.shape_inference import data_propagation_allowed, weightless_proto
 
 # Spatial sizes start here (a multiple of the total stride at least this large).
 SPATIAL_FLOOR = 32
@@ -365,6 +365,7 @@ class _Oracle:
         self.model, self.shapes, self.values, self.by_slot = model, shapes, values, by_slot
         self._proto = None
         self._informative = None
+        self._data_prop: bool | None = None
 
     @property
     def informative(self) -> bool:
@@ -381,7 +382,10 @@ class _Oracle:
 
     def _check(self, proto: onnx.ModelProto) -> str | None:
         try:
-            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+            # data propagation only within its budget: a tiny model must not take gigabytes here either
+            if self._data_prop is None:
+                self._data_prop = data_propagation_allowed(self.model)
+            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=self._data_prop)
         except Exception as e:  # noqa: BLE001 - onnx raises several types
             return str(e) or type(e).__name__
         return None

@@ -26,7 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dmlopt import input_sizes, runtime
-from dmlopt.errors import InputError, UsageError
+from dmlopt.errors import CELL_WIDTH, TEXT_WIDTH, InputError, UsageError, printable
 from dmlopt.inputs_file import read_npz
 from dmlopt.model import ModelLike, load
 from dmlopt.names import numbered_name
@@ -87,8 +87,10 @@ class Validation:
 
 def shapes_text(inputs: Mapping[str, list[int]], basis: list[str] | None = None) -> str:
     """``image 1x3x64x64 (height,width=64 (spatial ...))``: the shapes a run used and why."""
-    shown = ", ".join(f"{name} {'x'.join(map(str, s)) or 'scalar'}" for name, s in inputs.items()) or "no inputs"
-    return shown + (f" ({'; '.join(basis)})" if basis else "")
+    shown = ", ".join(f"{printable(name, CELL_WIDTH)} {'x'.join(map(str, s)) or 'scalar'}"
+                      for name, s in inputs.items()) or "no inputs"
+    # names come from the model: escaped and cut, like every printed name (errors.printable)
+    return printable(shown + (f" ({'; '.join(basis)})" if basis else ""), TEXT_WIDTH)
 
 
 def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -290,7 +290,7 @@ def test_optimize_command_validates_on_the_real_ep(cli, dml_host, tmp_path):
     assert r.code == 0, r.err
     real = json.loads(rep.read_text())["real_ep"]
     assert real["passed"] and real["host"]["ort_version"] == version and real["placement"]["cpu_nodes"] == 0
-    assert "validation on the real DirectML EP (passed)" in r.out and out.exists()
+    assert f"numerics (real DirectML EP, ORT {version}): match" in r.out and out.exists()
     missing = tmp_path / "m.onnx"
     r = cli("optimize", CNN, "-o", missing, "--dml-host", dml_host.root, "--ort-version", "1.9", "-q")
     assert r.code == 2 and "installed: " in one_error_line(r.err) and not missing.exists()

@@ -13,21 +13,21 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dmlopt import validate as validate_mod
+from dmlopt.validate import Validation, validate
 from dmlopt.targets.webgpu import adapter
 
 WORSE_THAN_BASELINE = 2.0
 
 
-def _worst(v: validate_mod.Validation) -> float:
+def _worst(v: Validation) -> float:
     return max((o.max_abs for o in v.outputs), default=0.0)
 
 
 def on_ep(original, optimized, *, shapes=None, dims=None, inputs=None, atol=None, rtol=None) -> dict[str, Any]:
     """The report's ``validation_webgpu``: both models on the EP against the input on the CPU EP."""
-    base = validate_mod.validate(original, original, shapes=shapes, dims=dims, inputs=inputs, atol=atol, rtol=rtol,
+    base = validate(original, original, shapes=shapes, dims=dims, inputs=inputs, atol=atol, rtol=rtol,
                                  ep="webgpu")
-    cand = validate_mod.validate(original, optimized, shapes=shapes, dims=dims, inputs=inputs, atol=atol, rtol=rtol,
+    cand = validate(original, optimized, shapes=shapes, dims=dims, inputs=inputs, atol=atol, rtol=rtol,
                                  ep="webgpu")
     chosen, why = adapter.chosen()
     if cand.passed:
