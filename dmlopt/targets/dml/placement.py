@@ -36,7 +36,8 @@ from dmlopt.targets.dml.einsum_support import einsum_supported
 from dmlopt.targets.dml.placement_copies import find_copies
 from dmlopt.targets.dml.placement_cpu import cpu_preferred, int64_source_check
 from dmlopt.targets.dml.placement_data import DmlData, Registration, canonical_domain, load_data
-from dmlopt.targets.dml.placement_folding import UNFOLDED_KEY, prepare, prepared_graph
+from dmlopt.targets.dml.placement_folding import LEVEL1_KEY, UNFOLDED_KEY, prepare, prepared_graph
+from dmlopt.targets.dml.placement_ort import rank_only_einsum_shapes
 from dmlopt.targets.dml.placement_kernels import (
     find_kernel,
     memory_slots,
@@ -121,6 +122,8 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     """
     data = load_data(ort_version)
     work, folded_by_ort = prepared if prepared is not None else prepare(model, fold)
+    if data.rules.get("einsum_output_shape", {}).get("value") == "rank_only":
+        work = rank_only_einsum_shapes(work)  # a copy: `prepared` is only read
     unfolded = work.graph.meta.get(UNFOLDED_KEY, [])
     opsets = dict(work.opset_imports)
     cpu_nodes: list[dict[str, Any]] = []

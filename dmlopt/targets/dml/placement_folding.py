@@ -12,6 +12,7 @@ import onnx_ir.passes.common as common_passes
 
 from dmlopt.targets.dml.placement_data import canonical_domain
 from dmlopt.targets.dml.placement_nodes import attribute_value, graph_attributes, static_shape
+from dmlopt.targets.dml.placement_ort import contrib_shapes, ort_level1
 from dmlopt.shape_inference import check_function_expansion, fold_refusal, infer_shapes
 
 
@@ -26,12 +27,37 @@ FOLD_LIMIT_ELEMENTS = 1 << 22
 
 
 def prepare(model: ir.Model, fold: bool = True) -> tuple[ir.Model, int]:
-    """The copy of `model` that `predict` analyses and how many nodes ORT's folding removed."""
+    """The copy of `model` that `predict` analyses and how many nodes ORT's level-1 optimizer removed.
+
+    ORT's own level-1 optimizer (placement_ort.ort_level1) makes the copy; when the installed
+    onnxruntime cannot load the model (an op or type its CPU EP lacks), dmlopt replays ORT's
+    constant folding itself and the copy says why (``graph.meta[LEVEL1_KEY]``)."""
     if model.functions:  # ORT inlines model-local functions when it loads the model
         check_function_expansion(model)
         model = model.clone()
         common_passes.InlinePass()(model)
-    return ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
+    if not fold:
+        work = _with_shapes(model.clone())
+        contrib_shapes(work)
+        return work, 0
+    work, why = ort_level1(model)
+    if work is None:
+        work, folded = ort_constant_folding(model)
+        work.graph.meta[LEVEL1_KEY] = f"replayed by dmlopt (ORT's level-1 optimizer refused the model: {why})"
+    else:
+        folded = _node_count(model.graph) - _node_count(work.graph)
+        _with_shapes(work)
+        work.graph.meta[UNFOLDED_KEY] = []
+        work.graph.meta[LEVEL1_KEY] = "ORT's level-1 optimizer (onnxruntime, CPU EP, ORT_ENABLE_BASIC)"
+    contrib_shapes(work)
+    return work, folded
+
+
+LEVEL1_KEY = "dmlopt.placement.level1"
+
+
+def _node_count(graph: ir.Graph) -> int:
+    return sum(1 for n in graph if not (n.op_type == "Constant" and canonical_domain(n.domain) == ""))
 
 
 def prepared_graph(model: ir.Model, *, fold: bool = True) -> ir.Model:

@@ -1,0 +1,132 @@
+"""Step 1 by ONNX Runtime itself: its level-1 optimizer, and the shapes its schemas infer.
+
+Why: before the DirectML EP sees a graph, ORT's level-1 transformers rewrite it (constant
+folding of static shape chains, common-subexpression elimination, Identity/Cast/Unsqueeze
+elimination...).  Replaying them by hand missed CSE and undercounted by ~130 nodes on the dynamic
+SAM export (real 1.17.3-1.31.1 runs: 173 CPU nodes; hand replay: 268).  The installed onnxruntime
+(CPU) runs the very same transformers: the graph it saves at ORT_ENABLE_BASIC is the graph the
+partitioner receives.  Contrib ops (com.microsoft MultiHeadAttention, SkipLayerNormalization...)
+have no ONNX schema, so ONNX shape inference stops at them; ORT's symbolic shape inference types
+their outputs as ORT does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import onnx_ir as ir
+
+from dmlopt.scratch import folder
+from dmlopt.shape_inference import infer_shapes, weightless_proto
+
+logger = logging.getLogger(__name__)
+
+# ORT refuses a serialized model over protobuf's limit; such a model keeps dmlopt's own replay.
+PROTO_LIMIT_BYTES = 2_000_000_000
+
+
+def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
+    """(the graph after ORT's level-1 optimizations, None) or (None, why ORT could not make it).
+
+    The CPU EP session only optimizes and saves; nothing is run.  Level 1 runs before partitioning
+    and is the same for every EP (its rules apply to nodes not yet assigned to one)."""
+    try:
+        import onnxruntime as ort  # lazily: predictions without folding never need it
+    except ImportError:
+        return None, "onnxruntime is not installed"
+    try:
+        data = ir.to_proto(model).SerializeToString()
+    except Exception as e:  # noqa: BLE001 - over 2 GB, or a tensor that cannot be serialized
+        return None, f"the model cannot be serialized in memory ({str(e).splitlines()[0][:120]})"
+    if len(data) > PROTO_LIMIT_BYTES:
+        return None, "the model is over 2 GB"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    with folder("dmlopt-ortl1-") as tmp:
+        options.optimized_model_filepath = str(tmp / "level1.onnx")
+        try:
+            ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - an op or type the CPU EP lacks, an opset it does not know
+            return None, str(e).strip().splitlines()[0][:200]
+        del data
+        work = ir.load(tmp / "level1.onnx")
+        # Inline tensors are in memory once loaded; external ones (none are written) would not be.
+        for value in work.graph.initializers.values():
+            if value.const_value is not None:
+                value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
+    return work, None
+
+
+def contrib_shapes(model: ir.Model) -> int:
+    """Type the outputs of com.microsoft nodes as ORT's symbolic shape inference does, then run
+    ONNX shape inference again so their consumers get shapes; in place; how many outputs it typed."""
+    missing = [out for node in model.graph if node.domain == "com.microsoft"
+               for out in node.outputs if out.name and out.shape is None]
+    if not missing:
+        return 0
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:
+        return 0
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(weightless_proto(model), auto_merge=True)
+    except Exception as e:  # noqa: BLE001 - best effort, as ONNX shape inference
+        logger.debug("ORT symbolic shape inference failed: %s", str(e).strip().splitlines()[0][:200])
+        return 0
+    if inferred is None:
+        return 0
+    infos = {info.name: info for info in inferred.graph.value_info}
+    typed = 0
+    for out in missing:
+        info = infos.get(out.name)
+        if info is None or not info.type.HasField("tensor_type"):
+            continue
+        value = ir.serde.deserialize_value_info_proto(info, None)
+        if value.shape is None or any(not isinstance(d, int) and d.value is None for d in value.shape.dims):
+            continue
+        out.shape = value.shape
+        if value.type is not None:
+            out.type = value.type
+        typed += 1
+    if typed:
+        infer_shapes(model)
+    return typed
+
+
+def rank_only_einsum_shapes(model: ir.Model) -> ir.Model:
+    """A copy of `model` shaped as ONNX < 1.17 does (ORT <= 1.19): Einsum outputs get a rank and no
+    dims, and the dims of everything downstream are inferred again from there.
+
+    Measured: in 1.17.3 and 1.19.2 the nodes fed by SAM's Einsums run as standalone DML kernels
+    (their shapes are unknown to ORT), in 1.24.3 the same graph compiles as one partition."""
+    work = model.clone()
+    einsums = [n for n in work.graph if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]
+    if not einsums:
+        return work
+    inputs = set(work.graph.inputs)
+    for node in work.graph:
+        for out in node.outputs:
+            if out not in inputs and not out.is_graph_output():
+                out.shape = None
+    for node in einsums:
+        node.domain = "dmlopt.rank_only"  # unknown to ONNX: its declared (rank-only) shapes are kept
+        for out in node.outputs:
+            rank = _einsum_rank(node)
+            out.shape = ir.Shape([None] * rank) if rank is not None else None
+    work.opset_imports["dmlopt.rank_only"] = 1
+    infer_shapes(work)
+    for node in einsums:
+        node.domain = ""
+    del work.opset_imports["dmlopt.rank_only"]
+    return work
+
+
+def _einsum_rank(node: ir.Node) -> int | None:
+    attr = node.attributes.get("equation")
+    if attr is None:
+        return None
+    equation = str(attr.value).replace(" ", "")
+    if "->" not in equation or "..." in equation:
+        return None
+    return len(equation.split("->", 1)[1])
