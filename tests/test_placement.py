@@ -228,16 +228,22 @@ g (float[N, 6] x) => (float[N, 2, 3] y, float[N, 6] z) {
 
 
 def test_shape_chain_feeding_reshape_stays_on_cpu_when_dynamic():
+    # Measured (1.17.3 and 1.24.3, `run.sh /tmp/dmlkit V dynamic_reshape.onnx --list-nodes --dim N=4`):
+    # CPU: Gather, Cast; one MemcpyFromHost.  ORT's level-1 ReshapeFusion turns the
+    # Gather/Unsqueeze/Concat shape into the constant [0, 2, 3], so only the Cast's chain stays.
     p = placement.predict(model(DYNAMIC_RESHAPE), ort_version="1.23")
-    assert cpu_ops(p) == ["Cast", "Concat", "Gather", "Unsqueeze"]
+    assert cpu_ops(p) == ["Cast", "Gather"]
     assert all("CPU-preference" in r for r in reasons(p).values())
-    # Reshape reads its shape in CPU memory (no copy); the Mul reads the CPU Cast: one copy.
-    assert [(e["value"], e["direction"], e["consumers"]) for e in p.memcpy["edges"]] == [
-        ("nf", "from_host", ["Mul_7"])]
+    # the Mul reads the CPU Cast: one copy.
+    assert [(e["value"], e["direction"], e["consumers"][0].startswith("Mul")) for e in p.memcpy["edges"]] == [
+        ("nf", "from_host", True)]
     text = " ".join(p.partitions["blockers"])
     assert "Shape cannot be part of a DML graph" in text
-    assert "Reshape reads a CPU input that is computed at run time" in text
     assert "without a static shape" in text
+    # dmlopt's own replay of the folding (no ReshapeFusion) keeps the whole chain on the CPU
+    replayed = placement.predict(model(DYNAMIC_RESHAPE), ort_version="1.23", fold=False)
+    assert cpu_ops(replayed) == ["Cast", "Concat", "Gather", "Unsqueeze"]
+    assert "Reshape reads a CPU input that is computed at run time" in " ".join(replayed.partitions["blockers"])
 
 
 def test_shape_chain_is_folded_by_ort_when_static():

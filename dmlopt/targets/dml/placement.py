@@ -80,10 +80,19 @@ class Placement:
     warnings: list[str] = dataclasses.field(default_factory=list)
     # Ops on the CPU only because DirectML registers other versions of them (see `version_gaps`).
     version_gaps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # The version asked for (None: the newest table), whether the table was measured on the real EP,
+    # and how ORT's level-1 graph was made (placement_folding.prepare).
+    asked_version: str | None = None
+    measured_table: bool = False
+    level1: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ort_version": self.ort_version,
+            "asked_ort_version": self.asked_version,
+            "table": {"file": self.data_source, "measured": self.measured_table,
+                      "nearest": self.asked_version is not None and _short(self.asked_version) != self.ort_version},
+            "level1": self.level1,
             "data_source": self.data_source,
             "nodes": self.nodes,
             "dml_nodes": self.dml_nodes,
@@ -163,7 +172,12 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     return Placement(ort_version=data.version, data_source=data.name, nodes=totals["nodes"],
                      dml_nodes=totals["dml"], cpu_nodes=cpu_nodes, memcpy=memcpy, partitions=partitions,
                      folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data, unfolded),
-                     version_gaps=gaps)
+                     version_gaps=gaps, asked_version=None if ort_version is None else str(ort_version),
+                     measured_table=data.measured, level1=work.graph.meta.get(LEVEL1_KEY))
+
+
+def _short(version: str) -> str:
+    return ".".join(str(version).split(".")[:2])
 
 
 def _warnings(model: ir.Model, data: DmlData, unfolded: list[str]) -> list[str]:
@@ -214,8 +228,9 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
     parts = p["partitions"]
     size = "unknown size (dynamic shapes)" if mem["bytes"] is None else _human_bytes(mem["bytes"])
     lines = [
-        f"DirectML placement (ORT {p['ort_version']} model, {p['data_source']}):",
-        f"  nodes reaching the EP: {p['nodes']} ({p['folded_by_ort']} folded away by ORT first)",
+        f"DirectML placement ({_table_text(p)}):",
+        f"  nodes reaching the EP: {p['nodes']} ({p['folded_by_ort']} removed first by ORT's level-1 optimizer: "
+        "constant folding, common subexpressions, eliminations)",
         f"  on DirectML: {p['dml_nodes']}   on CPU: {len(p['cpu_nodes'])}",
         f"  copies (Memcpy): {mem['count']} ({mem['from_host']} to GPU, {mem['to_host']} to CPU), {size} per run",
         f"  compiled DML partitions: {parts['count']}" + ("  (whole graph compiled as one)" if parts["compiled"]
@@ -249,6 +264,16 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
         if len(mem["edges"]) > limit:
             lines.append(f"... and {len(mem['edges']) - limit} more (--json lists all)")
     return "\n".join(lines)
+
+
+def _table_text(p: dict[str, Any]) -> str:
+    """'ORT 1.24 model, dml_ort_1.24.json, measured' or, for 1.28, 'ORT 1.28 asked: nearest measured table 1.24 ...'."""
+    table = p.get("table") or {}
+    kind = "measured" if table.get("measured") else "derived from ORT's sources, not measured"
+    if table.get("nearest"):
+        return (f"ORT {p['asked_ort_version']} asked: nearest {'measured' if table.get('measured') else 'derived'} "
+                f"table {p['ort_version']}, {p['data_source']}")
+    return f"ORT {p['ort_version']} model, {p['data_source']}, {kind}"
 
 
 def clipped_table(rows: list[tuple]) -> str:
