@@ -431,7 +431,8 @@ def measure(kit: str, version: str, probes: list[Probe], work: pathlib.Path, say
             culprits = [p for p in pending if p.name in named]
             if not culprits:
                 if len(pending) == 1:
-                    result[pending[0].name] = "none"
+                    # DirectML took it and failed to create its kernel (the session fails), or no EP has one
+                    result[pending[0].name] = "dml-fails" if "DmlExecutionProvider" in seen.error else "none"
                     say(f"  opset {opset}: {pending[0].op} {pending[0].dtype} failed alone: {seen.error[:200]}")
                     break
                 half = len(pending) // 2  # bisect: run the halves as batches of their own

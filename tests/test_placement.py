@@ -79,7 +79,10 @@ def test_einsum_outside_the_pattern_table_runs_on_cpu_before_1_19_with_copies_ea
     # a: GPU -> CPU for the Einsum; e: CPU -> GPU for the Relu; k is a graph input read on the CPU only.
     assert [(e["value"], e["direction"]) for e in old.memcpy["edges"]] == [("a", "to_host"), ("e", "from_host")]
     assert old.memcpy["bytes"] == (2 * 5 * 6 * 8 + 2 * 5 * 6 * 7) * 4
-    assert old.partitions["count"] == 2 and not old.partitions["compiled"]
+    # Measured on 1.17.3 (the same graph as tests/test_calibrate.einsum_model): ORT knows only the rank of the
+    # Einsum's output, so the Relu after it runs as a standalone kernel: one compiled partition (the first Relu).
+    assert old.partitions["count"] == 1 and old.partitions["standalone_dml_kernels"] == 1
+    assert not old.partitions["compiled"]
     assert placement.predict(m, ort_version="1.18").cpu_count == 1
     new = placement.predict(m, ort_version="1.23")
     assert new.cpu_count == 0 and new.copy_count == 0 and new.partitions["compiled"]

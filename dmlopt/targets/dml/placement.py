@@ -33,7 +33,7 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt.targets.dml.einsum_support import einsum_supported
-from dmlopt.targets.dml.placement_copies import find_copies
+from dmlopt.targets.dml.placement_copies import fill_sizes, find_copies
 from dmlopt.targets.dml.placement_cpu import cpu_preferred, int64_source_check
 from dmlopt.targets.dml.placement_data import DmlData, Registration, canonical_domain, load_data
 from dmlopt.targets.dml.placement_folding import LEVEL1_KEY, UNFOLDED_KEY, prepare, prepared_graph
@@ -131,6 +131,7 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     """
     data = load_data(ort_version)
     work, folded_by_ort = prepared if prepared is not None else prepare(model, fold)
+    shaped = work
     if data.rules.get("einsum_output_shape", {}).get("value") == "rank_only":
         work = rank_only_einsum_shapes(work)  # a copy: `prepared` is only read
     unfolded = work.graph.meta.get(UNFOLDED_KEY, [])
@@ -161,6 +162,8 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     main = visit(work.graph, "")
     gaps = version_gaps(work, data)
     partitions = find_partitions(work.graph, main, data, has_subgraph)
+    if shaped is not work:
+        fill_sizes(copies, shaped.graph)
     byte_sizes = [c["bytes"] for c in copies]
     memcpy = {
         "count": len(copies),
@@ -172,7 +175,9 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     return Placement(ort_version=data.version, data_source=data.name, nodes=totals["nodes"],
                      dml_nodes=totals["dml"], cpu_nodes=cpu_nodes, memcpy=memcpy, partitions=partitions,
                      folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data, unfolded),
-                     version_gaps=gaps, asked_version=None if ort_version is None else str(ort_version),
+                     version_gaps=gaps,
+                     asked_version=data.version if ort_version is None or str(ort_version).lower() in ("newest", "latest")
+                     else str(ort_version),
                      measured_table=data.measured, level1=work.graph.meta.get(LEVEL1_KEY))
 
 
