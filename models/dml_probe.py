@@ -472,16 +472,36 @@ def verify_functions(kit: str, version: str, probes: list[Probe], result: dict[s
     When no EP has a kernel for such a node, ORT replaces it by its function body (unnamed nodes, the
     probe's name gone): in a batch that looks like a node inside a DML partition.  Alone, a DirectML
     kernel shows as one partition or one named node; an expansion as unnamed nodes ('expanded')."""
-    for p in probes:
-        if p.extra or result.get(p.name) != "dml" or not _has_function_body(p):
-            continue
-        model = batch_model([p], p.opset).SerializeToString()
-        stem = f"alone-{version}-op{p.opset}-{hashlib.sha1(model).hexdigest()[:16]}"
-        (work / f"{stem}.onnx").write_bytes(model)
-        seen = run_batch(kit, version, work / f"{stem}.onnx", work / f"{stem}.log", p.opset)
-        if seen.error is None and (seen.unnamed or seen.fused + len(seen.dml_named) + len(seen.cpu) > 1):
-            result[p.name] = "expanded"
-            say(f"  {p.op}-{p.since} {p.dtype}: no kernel, ORT expands its function body")
+    todo = [p for p in probes if not p.extra and result.get(p.name) == "dml" and _has_function_body(p)]
+    by_opset: dict[int, list[Probe]] = {}
+    for p in todo:
+        by_opset.setdefault(p.opset, []).append(p)
+    for opset, group in sorted(by_opset.items()):
+        for start in range(0, len(group), VERIFY_GROUP):
+            chunk = group[start:start + VERIFY_GROUP]
+            seen = _run_alone(kit, version, chunk, opset, work)
+            if seen.error is None and not seen.unnamed and seen.fused + len(seen.dml_named) + len(seen.cpu) == len(chunk):
+                continue  # one DML unit per probe, nothing unnamed: their DirectML placement stands
+            for p in chunk if len(chunk) > 1 else ():
+                alone = _run_alone(kit, version, [p], opset, work)
+                if alone.error is None and (alone.unnamed or alone.fused + len(alone.dml_named) + len(alone.cpu) > 1):
+                    result[p.name] = "expanded"
+                    say(f"  {p.op}-{p.since} {p.dtype}: no kernel, ORT expands its function body")
+            if len(chunk) == 1 and seen.error is None and (seen.unnamed or seen.fused + len(seen.dml_named)
+                                                           + len(seen.cpu) > 1):
+                result[chunk[0].name] = "expanded"
+                say(f"  {chunk[0].op}-{chunk[0].since} {chunk[0].dtype}: no kernel, ORT expands its function body")
+
+
+# Probes verified together first; only a group that shows an expansion is re-run one by one.
+VERIFY_GROUP = 12
+
+
+def _run_alone(kit: str, version: str, chunk: list[Probe], opset: int, work: pathlib.Path) -> Observed:
+    model = batch_model(chunk, opset).SerializeToString()
+    stem = f"alone-{version}-op{opset}-{hashlib.sha1(model).hexdigest()[:16]}"
+    (work / f"{stem}.onnx").write_bytes(model)
+    return run_batch(kit, version, work / f"{stem}.onnx", work / f"{stem}.log", opset)
 
 
 def max_opset(kit: str, version: str, work: pathlib.Path, say=print) -> int:
@@ -568,18 +588,19 @@ def write_table(version: str, probes: list[Probe], result: dict[str, str], base:
         for since, entry in sorted(versions.items()):
             if not entry["dml"]:
                 continue
-            sig = (entry["param"], "+".join(t for t in TYPES if t in entry["dml"]))
+            # rows are split where the transcribed table has different rows (CPU-memory inputs, queries)
+            sig = (entry["param"], "+".join(t for t in TYPES if t in entry["dml"]), _template_index(old, since))
             groups.setdefault(sig, []).append(since)
             standalone_by[sig] = standalone_by.get(sig, False) or all(entry["standalone"])
-        for (param, types), sinces in groups.items():
-            template = next((r for r in old if set(sinces) & set(r["since"])), old[0] if old else {})
+        for (param, types, index), sinces in groups.items():
+            template = old[index] if index is not None else {}
             row = {k: v for k, v in template.items() if k not in ("since", "source")}
             row["since"] = sorted(sinces)
             row.setdefault("types", {})
             row["types"] = {**row["types"], param: types}
             if op == "Einsum" and out["rules"].get("einsum_output_shape", {}).get("value") == "rank_only":
                 pass  # standalone because ORT does not know its output dims, not because of the registration
-            elif standalone_by[(param, types)]:
+            elif standalone_by[(param, types, index)]:
                 row["graph"] = False
             elif "graph" in row and not row["graph"]:
                 row["graph"] = True
@@ -588,6 +609,10 @@ def write_table(version: str, probes: list[Probe], result: dict[str, str], base:
                              + (f"; CPU EP for {', '.join(cpu_types)}" if cpu_types else "")
                              + f" (onnxruntime-node {version}, models/dml_probe.py)")
             new.append(row)
+        for row in old:  # since-versions no probe covered (ORT's own ONNX-domain contrib rows, older opsets)
+            rest = [v for v in row["since"] if v not in versions]
+            if rest:
+                new.append({**row, "since": rest, "source": "derived (not probed): " + row["source"]})
         if new:
             out["ops"][key] = sorted(new, key=lambda r: r["since"][0])
         else:
@@ -596,10 +621,20 @@ def write_table(version: str, probes: list[Probe], result: dict[str, str], base:
                 f"{key}: no probed since-version/type ran on DirectML (versions {sorted(versions)})")
     for key, rows_ in out["ops"].items():
         for row in rows_:
-            if not row["source"].startswith("measured"):
+            if not row["source"].startswith(("measured", "derived")):
                 row["source"] = "derived (not probed): " + row["source"]
     _measured_rules(out, probes, result, version, opset)
     return out
+
+
+def _template_index(old: list[dict], since: int) -> int | None:
+    """The transcribed row for `since`: the one listing it, else the newest older one, else the first."""
+    for i, row in enumerate(old):
+        if since in row["since"]:
+            return i
+    older = [(max(v for v in row["since"] if v < since), i) for i, row in enumerate(old)
+             if any(v < since for v in row["since"])]
+    return max(older)[1] if older else (0 if old else None)
 
 
 def _measured_rules(out: dict, probes: list[Probe], result: dict[str, str], version: str, opset: int) -> None:

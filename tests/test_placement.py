@@ -33,7 +33,7 @@ def reasons(p: placement.Placement) -> dict[str, str]:
 # ** data files **
 
 def test_data_files_cover_old_middle_and_newest_versions():
-    assert placement.available_versions() == ["1.14", "1.18", "1.23"]
+    assert placement.available_versions() == ["1.14", "1.17", "1.18", "1.19", "1.23", "1.24", "1.31"]
     for version in placement.available_versions():
         raw = json.loads((DATA / f"dml_ort_{version}.json").read_text())
         assert raw["ort_version"] == version
@@ -46,8 +46,8 @@ def test_data_files_cover_old_middle_and_newest_versions():
 
 
 @pytest.mark.parametrize("asked, resolved", [
-    (None, "1.23"), ("newest", "1.23"), ("1.14", "1.14"), ("1.14.1", "1.14"), ("1.16", "1.14"),
-    ("1.18.1", "1.18"), ("1.20", "1.18"), ("1.30", "1.23"), ("1.10", "1.14"),
+    (None, "1.31"), ("newest", "1.31"), ("1.14", "1.14"), ("1.14.1", "1.14"), ("1.16", "1.14"), ("1.17.3", "1.17"),
+    ("1.18.1", "1.18"), ("1.20", "1.19"), ("1.28", "1.24"), ("1.30", "1.24"), ("1.10", "1.14"),
 ])
 def test_version_resolution_picks_newest_file_not_newer_than_asked(asked, resolved):
     assert placement.resolve_version(asked) == resolved
