@@ -2,8 +2,8 @@
 
 REAL holds what ORT's verbose log showed for the bundled models and dmlopt's outputs of them
 (tests/measured/*.dmlopt.onnx: `dmlopt optimize dmlopt/data/M.onnx -o tests/measured/M.dmlopt.onnx
---ort-version V --no-time`, the same bytes for every V), per onnxruntime-node version of the
-dml-wine kit.  Recorded with (graph fusion on, every node listed):
+--ort-version V --no-time`, the same bytes for every V) and a small corpus of real exports, per
+onnxruntime-node version of the dml-wine kit.  Recorded with (graph fusion on, every node listed):
 
     LOG=... bash ../shared/dml-wine/run.sh /tmp/dmlkit V MODEL.onnx --list-nodes --no-cpu-check
 
@@ -43,11 +43,21 @@ REAL = {
     "sam_small_dynamic.dmlopt.onnx": [(173, 12, 0)] * 4,
     "cnn_leaky.dmlopt.onnx": [(0, 0, 1)] * 4,
     "cnn_relu.dmlopt.onnx": [(0, 0, 1)] * 4,
+    # Corpus of real exports (tests/measured/): models/torch_cnn.py (Conv, LeakyRelu, PRelu, ConvTranspose) and
+    # models/vit_tiny.py (TorchScript exporter), static and with a dynamic batch, and dmlopt's outputs of them.
+    "torch_cnn.onnx": [(0, 0, 1)] * 4,
+    "torch_cnn.dmlopt.onnx": [(0, 0, 1)] * 4,
+    "torch_cnn_dynamic.onnx": [(0, 0, 0)] * 4,  # all on DirectML, every node a standalone kernel
+    "torch_cnn_dynamic.dmlopt.onnx": [(0, 0, 0)] * 4,
+    "vit_tiny.onnx": [(0, 0, 1)] * 4,
+    "vit_tiny.dmlopt.onnx": [(0, 0, 1)] * 4,
+    "vit_tiny_dynamic.onnx": [(79, 2, 0)] * 4,  # the exporter's shape arithmetic on the CPU
+    "vit_tiny_dynamic.dmlopt.onnx": [(77, 2, 0)] * 4,
 }
 
 
 def model_path(name: str) -> pathlib.Path:
-    return (MEASURED if ".dmlopt." in name else DATA) / name
+    return MEASURED / name if (MEASURED / name).exists() else DATA / name
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +92,16 @@ def test_every_kit_version_has_its_measured_table(version):
     assert data.raw["measured"]["directml_dll_bytes"] > 0
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_dmlopt_sam_output_is_one_compiled_graph_without_blockers(version, prepared):
+    # issue 22: inspect of the written model said 7 partitions and "freeze the dynamic axes" (the com.microsoft
+    # outputs had no shapes) where optimize said one compiled partition; the real EP compiles one.
+    model, prep = prepared("sam_small.dmlopt.onnx")
+    p = placement.predict(model, ort_version=version, prepared=prep)
+    assert p.partitions["compiled"] and p.partitions["blockers"] == [] and p.level1.startswith("ORT's level-1")
+    assert "freeze" not in placement.summary_table(p.to_dict())
+
+
 def test_versions_between_tables_use_the_nearest_measured_one_and_say_so():
     p = placement.predict(ir.load(DATA / "cnn_relu.onnx"), ort_version="1.28")
     assert p.ort_version == "1.24" and p.measured_table
@@ -106,7 +126,8 @@ def _kit() -> str | None:
 @pytest.mark.dml_host
 @pytest.mark.skipif(_kit() is None or not pathlib.Path(KIT_SCRIPT).exists() or shutil.which("wine") is None,
                     reason="needs DMLOPT_DML_HOST=DIR (a dml-wine kit folder), its run.sh and wine")
-@pytest.mark.parametrize("name", ["sam_small.onnx", "sam_small_dynamic.onnx", "sam_small.dmlopt.onnx"])
+@pytest.mark.parametrize("name", ["sam_small.onnx", "sam_small_dynamic.onnx", "sam_small.dmlopt.onnx",
+                                  "vit_tiny_dynamic.onnx"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_prediction_equals_a_live_run(name, version, tmp_path, prepared):
     kit = _kit()

@@ -174,7 +174,8 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     }
     return Placement(ort_version=data.version, data_source=data.name, nodes=totals["nodes"],
                      dml_nodes=totals["dml"], cpu_nodes=cpu_nodes, memcpy=memcpy, partitions=partitions,
-                     folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data, unfolded),
+                     folded_nodes=totals["folded"], subgraphs=subgraph_names,
+                     warnings=_warnings(model, data, unfolded, work.graph.meta.get(LEVEL1_KEY)),
                      version_gaps=gaps,
                      asked_version=data.version if ort_version is None or str(ort_version).lower() in ("newest", "latest")
                      else str(ort_version),
@@ -185,8 +186,11 @@ def _short(version: str) -> str:
     return ".".join(str(version).split(".")[:2])
 
 
-def _warnings(model: ir.Model, data: DmlData, unfolded: list[str]) -> list[str]:
+def _warnings(model: ir.Model, data: DmlData, unfolded: list[str], level1: str | None = None) -> list[str]:
     found = []
+    if level1 and level1.startswith("replayed"):
+        found.append(f"ORT's level-1 graph was {level1}; common subexpressions and ORT's other level-1 rewrites "
+                     "are not modelled, so CPU nodes and copies may be overcounted")
     rule = data.rules.get("max_onnx_opset")
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     if rule and opset is not None and opset > rule["value"]:
