@@ -258,7 +258,7 @@ def make_probes(max_opset: int) -> list[Probe]:
             param = _probed_param(schema, sample)
             if param is None:  # ConstantOfShape: the probed type is the output's
                 param = schema.outputs[0].type_str
-                types = _allowed_output(schema, param)
+                types = _allowed(schema, param)
             else:
                 types = _allowed(schema, param)
             for t in types:
@@ -282,10 +282,6 @@ def make_probes(max_opset: int) -> list[Probe]:
     probes.append(Probe(f"p{len(probes)}", "Einsum", "", 12, 17, "float", "T",
                         Spec([("T", [2, 3]), ("T", [3, 4])], {"equation": "ij,jk->ik"}), {"chain": "Relu"}))
     return probes
-
-
-def _allowed_output(schema, param):
-    return _allowed(schema, param)
 
 
 def _value_info(name: str, dtype: str, shape) -> onnx.ValueInfoProto:
@@ -370,8 +366,7 @@ def run_batch(kit: str, version: str, path: pathlib.Path, log: pathlib.Path, ops
     listing = ["--list-nodes"] if opset >= LIST_OPSET else []
     if not (log.exists() and "SMOKE" in log.read_text(errors="replace")):
         subprocess.run(["bash", RUN_SH, kit, version, str(path), *listing, "--no-cpu-check", "--opt-level",
-                    "disabled"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       check=False)
+                        "disabled"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     text = log.read_text(errors="replace") if log.exists() else ""
     text = text.split("SMOKE =====")[0]
     cpu, dml, fused, ep, unnamed = set(), set(), 0, None, 0
@@ -578,6 +573,7 @@ def write_table(version: str, probes: list[Probe], result: dict[str, str], base:
         "(op, since-version, element type) on graph inputs; rows with source 'measured' list the types "
         "DirectML took; the other rows are derived from the transcribed table.",
         *base.get("notes", [])[1:]]
+    _measured_rules(out, probes, result, version, opset)  # first: the Einsum rows read einsum_output_shape
     rows = type_rows(probes, result)
     for (domain, op), versions in rows.items():
         key = f"{domain}::{op}" if domain else op
@@ -623,7 +619,6 @@ def write_table(version: str, probes: list[Probe], result: dict[str, str], base:
         for row in rows_:
             if not row["source"].startswith(("measured", "derived")):
                 row["source"] = "derived (not probed): " + row["source"]
-    _measured_rules(out, probes, result, version, opset)
     return out
 
 
