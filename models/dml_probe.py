@@ -522,22 +522,26 @@ def kit_facts(kit: str, version: str) -> dict:
     if dlls:
         facts["directml_dll_bytes"] = dlls[0].stat().st_size
         facts["directml_dll"] = str(dlls[0].relative_to(pathlib.Path(kit)))
-        try:
-            import pefile  # optional: the file version resource
-            pe = pefile.PE(str(dlls[0]), fast_load=True)
-            pe.parse_data_directories(directories=[pefile.DIRECTORY_ENTRY["IMAGE_DIRECTORY_ENTRY_RESOURCE"]])
-            for info in getattr(pe, "FileInfo", [[]])[0]:
-                for table in getattr(info, "StringTable", []):
-                    v = table.entries.get(b"FileVersion")
-                    if v:
-                        facts["directml_version"] = v.decode(errors="replace")
-        except Exception:  # noqa: BLE001
-            pass
-        if "directml_version" not in facts:
-            m = re.search(rb"DirectML[^\x00]{0,8}?(\d+\.\d+\.\d+)", dlls[0].read_bytes())
-            if m:
-                facts["directml_version_string"] = m.group(1).decode()
+        version = dll_file_version(dlls[0].read_bytes())
+        if version:
+            facts["directml_version"] = version
     return facts
+
+
+def dll_file_version(data: bytes) -> str | None:
+    """The FileVersion string of a Windows DLL's version resource (UTF-16), e.g. '1.15.4+241025-1615.1.dml-1.15.fac7597'."""
+    key = "FileVersion".encode("utf-16-le")
+    at = data.find(key)
+    if at < 0:
+        return None
+    at += len(key)
+    while data[at:at + 2] == b"\0\0":  # padding to a 32-bit boundary
+        at += 2
+    end = at
+    while end + 1 < len(data) and data[end:end + 2] != b"\0\0":
+        end += 2
+    text = data[at:end].decode("utf-16-le", errors="replace").strip()
+    return text or None
 
 
 def type_rows(probes: list[Probe], result: dict[str, str]):

@@ -90,6 +90,8 @@ def test_every_kit_version_has_its_measured_table(version):
     assert data.version == ".".join(version.split(".")[:2]) and data.measured
     assert data.raw["measured"]["ort_version_full"] == version
     assert data.raw["measured"]["directml_dll_bytes"] > 0
+    assert data.raw["directml_version"] == data.raw["measured"]["directml_version"]  # the DLL's FileVersion
+    assert data.raw["directml_version"].startswith(("1.13.", "1.15."))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
