@@ -3,10 +3,14 @@ costs, and whether the graph compiles as one DirectML partition.
 
 Why: nobody can see this before deploying on Windows, and it is what made SAM slow there
 (profiles full of Memcpy).  The prediction replays the EP's own steps, with the facts in
-``dmlopt/data/dml_ort_<version>.json`` (every rule there names its source; placement_data):
+``dmlopt/data/dml_ort_<version>.json`` (measured on the real EP by models/dml_probe.py for 1.17,
+1.19, 1.24 and 1.31, derived from ORT's sources for 1.14, 1.18 and 1.23; every rule names its
+source; placement_data):
 
-1. ORT's level-1 constant folding runs first: a node whose inputs are all constants, and a
-   Shape/Size of a static shape, become initializers and never reach the EP (placement_folding).
+1. ORT's level-1 optimizer runs first (constant folding of static shape chains, common
+   subexpressions, ReshapeFusion, constant-If inlining): the installed onnxruntime makes that graph
+   itself (placement_ort), else dmlopt replays the folding (placement_folding).  ORT <= 1.19 knows
+   only the rank of an Einsum's output (table rule ``einsum_output_shape``).
 2. Kernel lookup (``kernel_match``): the node's ONNX since-version must be one the EP
    registers, with the element types it registers; then the device's types, rank <= 8 and
    the operator's support query (Einsum equations, LayerNormalization outputs, Resize modes...)
@@ -17,7 +21,8 @@ Why: nobody can see this before deploying on Windows, and it is what made SAM sl
 4. Copies (``memcpy``): one per value crossing between CPU and GPU memory, shared by all
    its consumers on the other side (placement_copies).
 5. Partitions (``graph_fusion``): greedy merge of DML graph nodes in topological order; a
-   graph with an If/Loop/Scan is not partitioned at all (placement_partitions).
+   graph with an If/Loop/Scan is not partitioned at all (placement_partitions).  Each partition,
+   a single node too, is one compiled DmlFusedNode in ORT's log (measured on 1.17.3-1.31.1).
 
 This module runs the steps (`predict`), holds the result (`Placement`, `summary_table`) and is
 the one import callers need.  Subgraph bodies are predicted as graphs of their own (their nodes
