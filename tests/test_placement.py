@@ -391,3 +391,20 @@ def test_a_graph_output_that_ort_folds_is_predicted_folded():
     p = placement.predict(m)
     assert p.folded_nodes >= 1
     assert cpu_ops(p) == [] and p.dml_nodes == 1
+
+
+def test_large_weights_reach_orts_level1_as_inputs_and_come_back_as_the_callers_tensors():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.ones((1024, 512), np.float32)  # 2 MB: over placement_ort.LARGE_BYTES
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])], [numpy_helper.from_array(weight, "w")])
+    m = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    work, _ = placement.prepare(m)
+    assert "ORT's level-1" in work.graph.meta[placement.LEVEL1_KEY]
+    assert [v.name for v in work.graph.inputs] == ["x"]
+    assert work.graph.initializers["w"].const_value is m.graph.initializers["w"].const_value
+    assert placement.predict(m, prepared=(work, 0)).partitions["compiled"]

@@ -17,12 +17,13 @@ import logging
 import onnx_ir as ir
 
 from dmlopt.scratch import folder
-from dmlopt.shape_inference import infer_shapes, weightless_proto
+from dmlopt.shape_inference import check_function_expansion, infer_shapes, proto_with, tensor_bytes, weightless_proto
 
 logger = logging.getLogger(__name__)
 
 # ORT refuses a serialized model over protobuf's limit; such a model keeps dmlopt's own replay.
 PROTO_LIMIT_BYTES = 2_000_000_000
+LARGE_BYTES = 1 << 20
 
 
 def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
@@ -34,8 +35,14 @@ def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
         import onnxruntime as ort  # lazily: predictions without folding never need it
     except ImportError:
         return None, "onnxruntime is not installed"
+    # Weights over LARGE_BYTES go to ORT as typed graph inputs, not data (no copies of them: optimize
+    # predicts twice); ORT then cannot fold a node that reads one, which moves no node between CPU and GPU.
+    large = [v for v in model.graph.initializers.values() if v.const_value is not None and v not in
+             set(model.graph.inputs) and tensor_bytes(v.const_value) > LARGE_BYTES]
+    kept = [v for v in model.graph.initializers.values() if v not in set(large)]
     try:
-        data = ir.to_proto(model).SerializeToString()
+        check_function_expansion(model)
+        data = proto_with(model, initializers=kept, extra_inputs=[_declared(v) for v in large]).SerializeToString()
     except Exception as e:  # noqa: BLE001 - over 2 GB, or a tensor that cannot be serialized
         return None, f"the model cannot be serialized in memory ({str(e).splitlines()[0][:120]})"
     if len(data) > PROTO_LIMIT_BYTES:
@@ -55,7 +62,19 @@ def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
         for value in work.graph.initializers.values():
             if value.const_value is not None:
                 value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
+    originals = {v.name: v.const_value for v in large}
+    for value in list(work.graph.inputs):  # the weights become initializers again (the caller's tensors)
+        if value.name in originals:
+            work.graph.inputs.remove(value)
+            value.const_value = originals[value.name]
+            work.graph.register_initializer(value)
     return work, None
+
+
+def _declared(initializer: ir.Value) -> ir.Value:
+    tensor = initializer.const_value
+    return ir.Value(name=initializer.name, type=initializer.type or ir.TensorType(tensor.dtype),
+                    shape=initializer.shape or ir.Shape(tensor.shape))
 
 
 def contrib_shapes(model: ir.Model) -> int:
