@@ -139,3 +139,12 @@ def test_prediction_equals_a_live_run(name, version, tmp_path, prepared):
     model, prep = prepared(name)
     assert counts(model, version, prep) == (real["cpu"], real["copies"], real["partitions"])
     assert (real["cpu"], real["copies"], real["partitions"]) == REAL[name][VERSIONS.index(version)]
+
+
+def test_einsum_rank_only_shapes_are_named_as_such_not_as_dynamic_axes(prepared):
+    model, prep = prepared("sam_small.onnx")
+    blockers = placement.predict(model, ort_version="1.19.2", prepared=prep).partitions["blockers"]
+    assert "infers only an Einsum's rank" in blockers[0] and not any("freeze" in b for b in blockers)
+    dynamic, prep_d = prepared("sam_small_dynamic.onnx")
+    blockers = placement.predict(dynamic, ort_version="1.19.2", prepared=prep_d).partitions["blockers"]
+    assert any("freeze the dynamic axes" in b for b in blockers)  # there the batch axis is dynamic

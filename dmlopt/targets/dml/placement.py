@@ -168,6 +168,8 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     gaps = version_gaps(work, data)
     partitions = find_partitions(work.graph, main, data, has_subgraph)
     if shaped is not work:
+        _einsum_shape_blockers(partitions, work.graph, shaped.graph)
+    if shaped is not work:
         fill_sizes(copies, shaped.graph)
     byte_sizes = [c["bytes"] for c in copies]
     memcpy = {
@@ -185,6 +187,33 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
                      asked_version=data.version if ort_version is None or str(ort_version).lower() in ("newest", "latest")
                      else str(ort_version),
                      measured_table=data.measured, level1=work.graph.meta.get(LEVEL1_KEY))
+
+
+def _einsum_shape_blockers(partitions: dict[str, Any], rank_only: ir.Graph, full: ir.Graph) -> None:
+    """Say which dynamic-shape blockers come from ORT <= 1.19 knowing only an Einsum's rank (the model is
+    static there): freezing axes does not help them, lowering the Einsums does."""
+    full_shapes = {v.name: static_shape(v) for n in full for v in n.outputs}
+    after_einsum = really_dynamic = 0
+    for node in rank_only:
+        if node.op_type == "Constant":
+            continue
+        values = [v for v in (*node.inputs, *node.outputs) if v is not None and v.name]
+        dynamic = [v for v in values if static_shape(v) is None]
+        if not dynamic:
+            continue
+        if all(full_shapes.get(v.name) is not None for v in dynamic):
+            after_einsum += 1
+        else:
+            really_dynamic += 1
+    if not after_einsum:
+        return
+    lines = [b for b in partitions["blockers"] if "without a static shape" not in b]
+    if really_dynamic:
+        lines.insert(0, f"{really_dynamic} nodes have inputs or outputs without a static shape; freeze the dynamic axes")
+    lines.insert(0, f"{after_einsum} nodes (the Einsums and the nodes they feed) have no static shape in this ORT, "
+                    "which infers only an Einsum's rank (ONNX < 1.17): those on DirectML run as standalone kernels; "
+                    "lowering the Einsums to MatMul (dmlopt's einsum pass) lets them join a DML graph")
+    partitions["blockers"] = lines
 
 
 def _short(version: str) -> str:
