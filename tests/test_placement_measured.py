@@ -53,6 +53,9 @@ REAL = {
     "vit_tiny.dmlopt.onnx": [(0, 0, 1)] * 4,
     "vit_tiny_dynamic.onnx": [(79, 2, 0)] * 4,  # the exporter's shape arithmetic on the CPU
     "vit_tiny_dynamic.dmlopt.onnx": [(77, 2, 0)] * 4,
+    # models/hf_tiny.py (transformers): Swin with a dynamic batch (its window arithmetic on the CPU), DETR.
+    "swin_tiny_dynamic.onnx": [(272, 8, 0)] * 4,
+    "detr_tiny.onnx": [(0, 0, 1)] * 4,
 }
 
 
