@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import onnx_ir as ir
 
 from dmlopt.scratch import folder
@@ -86,15 +87,12 @@ def contrib_shapes(model: ir.Model) -> int:
         return 0
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:
-        return 0
-    try:
         inferred = SymbolicShapeInference.infer_shapes(weightless_proto(model), auto_merge=True)
-    except Exception as e:  # noqa: BLE001 - best effort, as ONNX shape inference
+    except Exception as e:  # noqa: BLE001 - best effort ("Incomplete symbolic shape inference" drops it all)
         logger.debug("ORT symbolic shape inference failed: %s", str(e).strip().splitlines()[0][:200])
-        return 0
+        return _contrib_rules(model)
     if inferred is None:
-        return 0
+        return _contrib_rules(model)
     infos = {info.name: info for info in inferred.graph.value_info}
     typed = 0
     for out in missing:
@@ -111,6 +109,73 @@ def contrib_shapes(model: ir.Model) -> int:
     if typed:
         infer_shapes(model)
     return typed
+
+
+# Output 0's shape from the inputs' static shapes, as ORT's contrib schemas infer it.
+SAME_AS_INPUT0 = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Gelu", "FastGelu", "QuickGelu",
+                  "BiasGelu", "BiasAdd", "GroupNorm"}
+
+
+def _contrib_output(node: ir.Node, shapes: list[tuple[int, ...] | None]) -> tuple[int, ...] | None:
+    if not shapes or shapes[0] is None:
+        return None
+    if node.op_type in SAME_AS_INPUT0:
+        return shapes[0]
+    if node.op_type == "FusedMatMul" and len(shapes) > 1 and shapes[1] is not None:
+        a, b = list(shapes[0]), list(shapes[1])
+        trans = {k: int(node.attributes[k].value) if k in node.attributes else 0
+                 for k in ("transA", "transB", "transBatchA", "transBatchB")}
+        if trans["transBatchA"] or trans["transBatchB"] or len(a) < 2 or len(b) < 2:
+            return None
+        if trans["transA"]:
+            a[-2], a[-1] = a[-1], a[-2]
+        if trans["transB"]:
+            b[-2], b[-1] = b[-1], b[-2]
+        try:
+            batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+        except ValueError:
+            return None
+        return (*batch, a[-2], b[-1])
+    if node.op_type == "MultiHeadAttention" and len(shapes[0]) == 3:
+        value = shapes[2] if len(shapes) > 2 else None
+        return (*shapes[0][:2], value[-1]) if value is not None and len(value) == 3 else shapes[0]
+    return None
+
+
+def _contrib_rules(model: ir.Model, rounds: int = 32) -> int:
+    """Type output 0 of the common com.microsoft ops from their inputs' static shapes, then let ONNX
+    inference carry them on; in place; how many outputs it typed.  For when ORT's symbolic inference gives up."""
+    typed = 0
+    for _ in range(rounds):
+        changed = 0
+        for node in model.graph:
+            if node.domain != "com.microsoft" or not node.outputs:
+                continue
+            # SkipLayerNormalization's output 3 (input + skip + bias) has the input's shape too
+            slots = [k for k in ((0, 3) if node.op_type.startswith("Skip") else (0,))
+                     if k < len(node.outputs) and node.outputs[k] is not None and node.outputs[k].name
+                     and node.outputs[k].shape is None]
+            if not slots:
+                continue
+            shape = _contrib_output(node, [None if v is None else _static(v) for v in node.inputs])
+            if shape is None:
+                continue
+            for k in slots:
+                node.outputs[k].shape = ir.Shape(shape)
+                if node.outputs[k].type is None and node.inputs[0].type is not None:
+                    node.outputs[k].type = node.inputs[0].type
+                changed += 1
+        if not changed:
+            break
+        typed += changed
+        infer_shapes(model)
+    return typed
+
+
+def _static(value: ir.Value) -> tuple[int, ...] | None:
+    if value.shape is None or not all(isinstance(d, int) for d in value.shape.dims):
+        return None
+    return tuple(value.shape.dims)
 
 
 def rank_only_einsum_shapes(model: ir.Model) -> ir.Model:
