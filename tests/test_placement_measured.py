@@ -2,8 +2,9 @@
 
 REAL holds what ORT's verbose log showed for the bundled models and dmlopt's outputs of them
 (tests/measured/*.dmlopt.onnx: `dmlopt optimize dmlopt/data/M.onnx -o tests/measured/M.dmlopt.onnx
---ort-version V --no-time`, the same bytes for every V) and a small corpus of real exports, per
-onnxruntime-node version of the dml-wine kit.  Recorded with (graph fusion on, every node listed):
+--ort-version V --no-time` with the derived tables, the same bytes for every V then; kept as files, so the
+counts stay those of these bytes) and a small corpus of real exports, per onnxruntime-node version of the
+dml-wine kit.  Recorded with (graph fusion on, every node listed):
 
     LOG=... bash ../shared/dml-wine/run.sh /tmp/dmlkit V MODEL.onnx --list-nodes --no-cpu-check
 
