@@ -38,9 +38,11 @@ def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
         return None, "onnxruntime is not installed"
     # Weights over LARGE_BYTES go to ORT as typed graph inputs, not data (no copies of them: optimize
     # predicts twice); ORT then cannot fold a node that reads one, which moves no node between CPU and GPU.
-    large = [v for v in model.graph.initializers.values() if v.const_value is not None and v not in
-             set(model.graph.inputs) and tensor_bytes(v.const_value) > LARGE_BYTES]
-    kept = [v for v in model.graph.initializers.values() if v not in set(large)]
+    inputs = set(model.graph.inputs)
+    large = [v for v in model.graph.initializers.values() if v.const_value is not None and v not in inputs
+             and tensor_bytes(v.const_value) > LARGE_BYTES]
+    stripped = set(large)
+    kept = [v for v in model.graph.initializers.values() if v not in stripped]
     try:
         check_function_expansion(model)
         data = proto_with(model, initializers=kept, extra_inputs=[_declared(v) for v in large]).SerializeToString()
