@@ -40,10 +40,16 @@ def prepare(model: ir.Model, fold: bool = True) -> tuple[ir.Model, int]:
         work = _with_shapes(model.clone())
         contrib_shapes(work)
         return work, 0
-    work, why = ort_level1(model)
+    # ORT folds without a size limit and a 400-byte model can expand to GBs: where a fold may be large,
+    # dmlopt's bounded replay evaluates first, and ORT gets the model only if every fold stayed small.
+    replayed = ort_constant_folding(model) if may_fold_large(model) else None
+    if replayed is not None and replayed[0].graph.meta[UNFOLDED_KEY]:
+        work, why = None, f"a constant over {FOLD_LIMIT_ELEMENTS} elements would be folded"
+    else:
+        work, why = ort_level1(model)
     if work is None:
-        work, folded = ort_constant_folding(model)
-        work.graph.meta[LEVEL1_KEY] = f"replayed by dmlopt (ORT's level-1 optimizer refused the model: {why})"
+        work, folded = replayed if replayed is not None else ort_constant_folding(model)
+        work.graph.meta[LEVEL1_KEY] = f"replayed by dmlopt (ORT's level-1 optimizer not used: {why})"
     else:
         folded = _node_count(model.graph) - _node_count(work.graph)
         _with_shapes(work)
@@ -54,6 +60,37 @@ def prepare(model: ir.Model, fold: bool = True) -> tuple[ir.Model, int]:
 
 
 LEVEL1_KEY = "dmlopt.placement.level1"
+
+# Ops whose result can be far larger than their inputs (or than a declared shape says).
+EXPANDING = {"Expand", "ConstantOfShape", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot", "EyeLike",
+             "MatMul", "Gemm", "Einsum", "Gather", "GatherND"}
+
+
+def may_fold_large(model: ir.Model) -> bool:
+    """Whether ORT's folding could build a large constant: a node of EXPANDING on constants only (declared
+    shapes can lie), or any constant result over FOLD_LIMIT_ELEMENTS by its inferred shape."""
+    work = _with_shapes(model.clone())
+    inputs = set(work.graph.inputs)
+    constant = {id(v) for v in work.graph.initializers.values() if v not in inputs}
+    for node in work.graph:
+        if node.op_type == "Constant" and canonical_domain(node.domain) == "":
+            constant.update(id(o) for o in node.outputs)
+            continue
+        if canonical_domain(node.domain) != "" or node.op_type in NOT_FOLDABLE or graph_attributes(node):
+            continue
+        present = [v for v in node.inputs if v is not None]
+        if node.op_type in ("Shape", "Size") and present and static_shape(present[0]) is not None:
+            pass
+        elif not present or not all(id(v) in constant for v in present):
+            continue
+        if node.op_type in EXPANDING:
+            return True
+        for out in node.outputs:
+            shape = static_shape(out)
+            if shape is not None and int(np.prod(shape, dtype=np.int64)) > FOLD_LIMIT_ELEMENTS:
+                return True
+            constant.add(id(out))
+    return False
 
 
 def _node_count(graph: ir.Graph) -> int:
