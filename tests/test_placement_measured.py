@@ -155,3 +155,12 @@ def test_einsum_rank_only_shapes_are_named_as_such_not_as_dynamic_axes(prepared)
     dynamic, prep_d = prepared("sam_small_dynamic.onnx")
     blockers = placement.predict(dynamic, ort_version="1.19.2", prepared=prep_d).partitions["blockers"]
     assert any("freeze the dynamic axes" in b for b in blockers)  # there the batch axis is dynamic
+
+
+def test_contrib_shapes_write_nothing_into_the_working_directory(tmp_path, monkeypatch):
+    # ORT's SymbolicShapeInference.infer_shapes saves sym_shape_infer_temp.onnx (+ .data files) into the working
+    # directory when its inference is incomplete, as it is on this model; the prediction must not.
+    monkeypatch.chdir(tmp_path)
+    model = ir.load(model_path("sam_small_dynamic.batch1-1.14.dmlopt.onnx"))
+    assert placement.predict(model, ort_version="1.24").partitions["compiled"]
+    assert list(tmp_path.iterdir()) == []

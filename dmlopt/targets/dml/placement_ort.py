@@ -88,11 +88,10 @@ def contrib_shapes(model: ir.Model) -> int:
     if not missing:
         return 0
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-        inferred = SymbolicShapeInference.infer_shapes(weightless_proto(model), auto_merge=True)
-    except Exception as e:  # noqa: BLE001 - best effort ("Incomplete symbolic shape inference" drops it all)
+        inferred = _symbolic_shapes(weightless_proto(model))
+    except Exception as e:  # noqa: BLE001 - best effort, as ONNX shape inference
         logger.debug("ORT symbolic shape inference failed: %s", str(e).strip().splitlines()[0][:200])
-        return _contrib_rules(model)
+        inferred = None
     if inferred is None:
         return _contrib_rules(model)
     infos = {info.name: info for info in inferred.graph.value_info}
@@ -110,7 +109,26 @@ def contrib_shapes(model: ir.Model) -> int:
         typed += 1
     if typed:
         infer_shapes(model)
-    return typed
+    return typed + _contrib_rules(model)  # what the symbolic inference left untyped
+
+
+def _symbolic_shapes(proto):
+    """ORT's SymbolicShapeInference, keeping what it inferred when it is incomplete.  Its infer_shapes
+    entry point then writes sym_shape_infer_temp.onnx (+ external data) into the working directory and
+    raises; the steps it runs are called here instead, so nothing is written."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_opset
+    except ImportError:
+        return None
+    opset = get_opset(proto)
+    if not opset or opset < 7:
+        return None
+    inference = SymbolicShapeInference(2**31 - 1, True, False, 0)
+    inference._preprocess(proto)  # noqa: SLF001 - the public entry point writes files (above)
+    while inference.run_:
+        inference._infer_impl()  # noqa: SLF001
+    inference._update_output_from_vi()  # noqa: SLF001
+    return inference.out_mp_
 
 
 # Output 0's shape from the inputs' static shapes, as ORT's contrib schemas infer it.
