@@ -125,7 +125,7 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
     predicted = None
     prepared = placement.prepare(m)  # one copy serves the prediction and the readiness walk (both only read it)
     if ep == "dml":
-        predicted = placement.predict(m, ort_version=target.table_version, prepared=prepared)
+        predicted = placement.predict(m, ort_version=target.ort_version, prepared=prepared)  # names the asked version
         info["placement"] = predicted.to_dict()
     elif ep == "webgpu":  # measured on the EP, as optimize --target webgpu measures it
         measured = webgpu_placement.measure(m)

@@ -186,8 +186,8 @@ def test_inspect_prepares_once_and_answers_as_each_step_alone(monkeypatch):
     alone = {"placement": placement.predict(model).to_dict(),
              "graph_capture": graph_capture_readiness(model, "dml").to_dict()}
     folds = []
-    real = placement_folding.ort_constant_folding
-    monkeypatch.setattr(placement_folding, "ort_constant_folding", lambda m: folds.append(m) or real(m))
+    real = placement_folding.ort_level1
+    monkeypatch.setattr(placement_folding, "ort_level1", lambda m: folds.append(m) or real(m))
     info = inspection.inspect(model, ep="dml")
     assert len(folds) == 1
     assert info["placement"] == alone["placement"] and info["graph_capture"] == alone["graph_capture"]

@@ -33,7 +33,7 @@ def reasons(p: placement.Placement) -> dict[str, str]:
 # ** data files **
 
 def test_data_files_cover_old_middle_and_newest_versions():
-    assert placement.available_versions() == ["1.14", "1.18", "1.23"]
+    assert placement.available_versions() == ["1.14", "1.17", "1.18", "1.19", "1.23", "1.24", "1.31"]
     for version in placement.available_versions():
         raw = json.loads((DATA / f"dml_ort_{version}.json").read_text())
         assert raw["ort_version"] == version
@@ -46,8 +46,8 @@ def test_data_files_cover_old_middle_and_newest_versions():
 
 
 @pytest.mark.parametrize("asked, resolved", [
-    (None, "1.23"), ("newest", "1.23"), ("1.14", "1.14"), ("1.14.1", "1.14"), ("1.16", "1.14"),
-    ("1.18.1", "1.18"), ("1.20", "1.18"), ("1.30", "1.23"), ("1.10", "1.14"),
+    (None, "1.31"), ("newest", "1.31"), ("1.14", "1.14"), ("1.14.1", "1.14"), ("1.16", "1.14"), ("1.17.3", "1.17"),
+    ("1.18.1", "1.18"), ("1.20", "1.19"), ("1.28", "1.24"), ("1.30", "1.24"), ("1.10", "1.14"),
 ])
 def test_version_resolution_picks_newest_file_not_newer_than_asked(asked, resolved):
     assert placement.resolve_version(asked) == resolved
@@ -79,7 +79,10 @@ def test_einsum_outside_the_pattern_table_runs_on_cpu_before_1_19_with_copies_ea
     # a: GPU -> CPU for the Einsum; e: CPU -> GPU for the Relu; k is a graph input read on the CPU only.
     assert [(e["value"], e["direction"]) for e in old.memcpy["edges"]] == [("a", "to_host"), ("e", "from_host")]
     assert old.memcpy["bytes"] == (2 * 5 * 6 * 8 + 2 * 5 * 6 * 7) * 4
-    assert old.partitions["count"] == 2 and not old.partitions["compiled"]
+    # Measured on 1.17.3 (the same graph as tests/test_calibrate.einsum_model): ORT knows only the rank of the
+    # Einsum's output, so the Relu after it runs as a standalone kernel: one compiled partition (the first Relu).
+    assert old.partitions["count"] == 1 and old.partitions["standalone_dml_kernels"] == 1
+    assert not old.partitions["compiled"]
     assert placement.predict(m, ort_version="1.18").cpu_count == 1
     new = placement.predict(m, ort_version="1.23")
     assert new.cpu_count == 0 and new.copy_count == 0 and new.partitions["compiled"]
@@ -228,16 +231,22 @@ g (float[N, 6] x) => (float[N, 2, 3] y, float[N, 6] z) {
 
 
 def test_shape_chain_feeding_reshape_stays_on_cpu_when_dynamic():
+    # Measured (1.17.3 and 1.24.3, `run.sh /tmp/dmlkit V dynamic_reshape.onnx --list-nodes --dim N=4`):
+    # CPU: Gather, Cast; one MemcpyFromHost.  ORT's level-1 ReshapeFusion turns the
+    # Gather/Unsqueeze/Concat shape into the constant [0, 2, 3], so only the Cast's chain stays.
     p = placement.predict(model(DYNAMIC_RESHAPE), ort_version="1.23")
-    assert cpu_ops(p) == ["Cast", "Concat", "Gather", "Unsqueeze"]
+    assert cpu_ops(p) == ["Cast", "Gather"]
     assert all("CPU-preference" in r for r in reasons(p).values())
-    # Reshape reads its shape in CPU memory (no copy); the Mul reads the CPU Cast: one copy.
-    assert [(e["value"], e["direction"], e["consumers"]) for e in p.memcpy["edges"]] == [
-        ("nf", "from_host", ["Mul_7"])]
+    # the Mul reads the CPU Cast: one copy.
+    assert [(e["value"], e["direction"], e["consumers"][0].startswith("Mul")) for e in p.memcpy["edges"]] == [
+        ("nf", "from_host", True)]
     text = " ".join(p.partitions["blockers"])
     assert "Shape cannot be part of a DML graph" in text
-    assert "Reshape reads a CPU input that is computed at run time" in text
     assert "without a static shape" in text
+    # dmlopt's own replay of the folding (no ReshapeFusion) keeps the whole chain on the CPU
+    replayed = placement.predict(model(DYNAMIC_RESHAPE), ort_version="1.23", fold=False)
+    assert cpu_ops(replayed) == ["Cast", "Concat", "Gather", "Unsqueeze"]
+    assert "Reshape reads a CPU input that is computed at run time" in " ".join(replayed.partitions["blockers"])
 
 
 def test_shape_chain_is_folded_by_ort_when_static():
@@ -382,3 +391,20 @@ def test_a_graph_output_that_ort_folds_is_predicted_folded():
     p = placement.predict(m)
     assert p.folded_nodes >= 1
     assert cpu_ops(p) == [] and p.dml_nodes == 1
+
+
+def test_large_weights_reach_orts_level1_as_inputs_and_come_back_as_the_callers_tensors():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.ones((1024, 512), np.float32)  # 2 MB: over placement_ort.LARGE_BYTES
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])], [numpy_helper.from_array(weight, "w")])
+    m = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    work, _ = placement.prepare(m)
+    assert "ORT's level-1" in work.graph.meta[placement.LEVEL1_KEY]
+    assert [v.name for v in work.graph.inputs] == ["x"]
+    assert work.graph.initializers["w"].const_value is m.graph.initializers["w"].const_value
+    assert placement.predict(m, prepared=(work, 0)).partitions["compiled"]

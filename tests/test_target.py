@@ -24,7 +24,7 @@ def test_directml_without_a_version_is_the_newest_table():
     assert "newest DirectML table" in t.describe() and newest in t.describe()
 
 
-@pytest.mark.parametrize("asked, table", [("1.20", "1.18"), ("1.18.1", "1.18"), ("1.14", "1.14"),
+@pytest.mark.parametrize("asked, table", [("1.20", "1.19"), ("1.28", "1.24"), ("1.18.1", "1.18"), ("1.14", "1.14"),
                                           ("1.10", "1.14"), ("newest", None)])
 def test_directml_keeps_the_version_asked_and_finds_its_table(asked, table):
     t = Target.resolve("dml", asked)
@@ -64,7 +64,7 @@ def test_cli_refuses_an_unreadable_version_in_one_line(cli, tmp_path):
 
 @pytest.mark.parametrize("ep, asked, predicted, deployed", [
     ("dml", None, "newest", "newest"),
-    ("dml", "1.20", "1.18", "1.20"),  # between tables: predicted from the 1.18 table, deployed as asked
+    ("dml", "1.20", "1.19", "1.20"),  # between tables: predicted from the 1.19 table, deployed as asked
     ("dml", "1.10", "1.14", "1.10"),
     ("cuda", None, None, None),        # this onnxruntime build: the caller names it
     ("cuda", "1.18", "1.18", "1.18"),
@@ -101,4 +101,4 @@ def test_inspect_refuses_an_unreadable_version_in_one_line(cli):
 def test_html_report_names_the_resolved_version():
     result = dmlopt.optimize(conv_leaky_model(), target="dml", ort_version="1.20", passes=["leaky-relu"],
                              retime=False)
-    assert "target <b>dml, ORT 1.20 (DirectML table 1.18)</b>" in html_report.render(result.report)
+    assert "target <b>dml, ORT 1.20 (DirectML table 1.19)</b>" in html_report.render(result.report)

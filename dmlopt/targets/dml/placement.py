@@ -3,10 +3,14 @@ costs, and whether the graph compiles as one DirectML partition.
 
 Why: nobody can see this before deploying on Windows, and it is what made SAM slow there
 (profiles full of Memcpy).  The prediction replays the EP's own steps, with the facts in
-``dmlopt/data/dml_ort_<version>.json`` (every rule there names its source; placement_data):
+``dmlopt/data/dml_ort_<version>.json`` (measured on the real EP by models/dml_probe.py for 1.17,
+1.19, 1.24 and 1.31, derived from ORT's sources for 1.14, 1.18 and 1.23; every rule names its
+source; placement_data):
 
-1. ORT's level-1 constant folding runs first: a node whose inputs are all constants, and a
-   Shape/Size of a static shape, become initializers and never reach the EP (placement_folding).
+1. ORT's level-1 optimizer runs first (constant folding of static shape chains, common
+   subexpressions, ReshapeFusion, constant-If inlining): the installed onnxruntime makes that graph
+   itself (placement_ort), else dmlopt replays the folding (placement_folding).  ORT <= 1.19 knows
+   only the rank of an Einsum's output (table rule ``einsum_output_shape``).
 2. Kernel lookup (``kernel_match``): the node's ONNX since-version must be one the EP
    registers, with the element types it registers; then the device's types, rank <= 8 and
    the operator's support query (Einsum equations, LayerNormalization outputs, Resize modes...)
@@ -17,7 +21,8 @@ Why: nobody can see this before deploying on Windows, and it is what made SAM sl
 4. Copies (``memcpy``): one per value crossing between CPU and GPU memory, shared by all
    its consumers on the other side (placement_copies).
 5. Partitions (``graph_fusion``): greedy merge of DML graph nodes in topological order; a
-   graph with an If/Loop/Scan is not partitioned at all (placement_partitions).
+   graph with an If/Loop/Scan is not partitioned at all (placement_partitions).  Each partition,
+   a single node too, is one compiled DmlFusedNode in ORT's log (measured on 1.17.3-1.31.1).
 
 This module runs the steps (`predict`), holds the result (`Placement`, `summary_table`) and is
 the one import callers need.  Subgraph bodies are predicted as graphs of their own (their nodes
@@ -33,10 +38,11 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt.targets.dml.einsum_support import einsum_supported
-from dmlopt.targets.dml.placement_copies import find_copies
+from dmlopt.targets.dml.placement_copies import fill_sizes, find_copies
 from dmlopt.targets.dml.placement_cpu import cpu_preferred, int64_source_check
 from dmlopt.targets.dml.placement_data import DmlData, Registration, canonical_domain, load_data
-from dmlopt.targets.dml.placement_folding import UNFOLDED_KEY, prepare, prepared_graph
+from dmlopt.targets.dml.placement_folding import LEVEL1_KEY, UNFOLDED_KEY, prepare, prepared_graph
+from dmlopt.targets.dml.placement_ort import rank_only_einsum_shapes
 from dmlopt.targets.dml.placement_kernels import (
     find_kernel,
     memory_slots,
@@ -79,10 +85,19 @@ class Placement:
     warnings: list[str] = dataclasses.field(default_factory=list)
     # Ops on the CPU only because DirectML registers other versions of them (see `version_gaps`).
     version_gaps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # The version asked for (None: the newest table), whether the table was measured on the real EP,
+    # and how ORT's level-1 graph was made (placement_folding.prepare).
+    asked_version: str | None = None
+    measured_table: bool = False
+    level1: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ort_version": self.ort_version,
+            "asked_ort_version": self.asked_version,
+            "table": {"file": self.data_source, "measured": self.measured_table,
+                      "nearest": self.asked_version is not None and _short(self.asked_version) != self.ort_version},
+            "level1": self.level1,
             "data_source": self.data_source,
             "nodes": self.nodes,
             "dml_nodes": self.dml_nodes,
@@ -121,6 +136,9 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     """
     data = load_data(ort_version)
     work, folded_by_ort = prepared if prepared is not None else prepare(model, fold)
+    shaped = work
+    if data.rules.get("einsum_output_shape", {}).get("value") == "rank_only":
+        work = rank_only_einsum_shapes(work)  # a copy: `prepared` is only read
     unfolded = work.graph.meta.get(UNFOLDED_KEY, [])
     opsets = dict(work.opset_imports)
     cpu_nodes: list[dict[str, Any]] = []
@@ -149,6 +167,10 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     main = visit(work.graph, "")
     gaps = version_gaps(work, data)
     partitions = find_partitions(work.graph, main, data, has_subgraph)
+    if shaped is not work:
+        _einsum_shape_blockers(partitions, work.graph, shaped.graph)
+    if shaped is not work:
+        fill_sizes(copies, shaped.graph)
     byte_sizes = [c["bytes"] for c in copies]
     memcpy = {
         "count": len(copies),
@@ -159,12 +181,50 @@ def predict(model: ir.Model, *, ort_version: str | None = None, fold: bool = Tru
     }
     return Placement(ort_version=data.version, data_source=data.name, nodes=totals["nodes"],
                      dml_nodes=totals["dml"], cpu_nodes=cpu_nodes, memcpy=memcpy, partitions=partitions,
-                     folded_nodes=totals["folded"], subgraphs=subgraph_names, warnings=_warnings(model, data, unfolded),
-                     version_gaps=gaps)
+                     folded_nodes=totals["folded"], subgraphs=subgraph_names,
+                     warnings=_warnings(model, data, unfolded, work.graph.meta.get(LEVEL1_KEY)),
+                     version_gaps=gaps,
+                     asked_version=data.version if ort_version is None or str(ort_version).lower() in ("newest", "latest")
+                     else str(ort_version),
+                     measured_table=data.measured, level1=work.graph.meta.get(LEVEL1_KEY))
 
 
-def _warnings(model: ir.Model, data: DmlData, unfolded: list[str]) -> list[str]:
+def _einsum_shape_blockers(partitions: dict[str, Any], rank_only: ir.Graph, full: ir.Graph) -> None:
+    """Say which dynamic-shape blockers come from ORT <= 1.19 knowing only an Einsum's rank (the model is
+    static there): freezing axes does not help them, lowering the Einsums does."""
+    full_shapes = {v.name: static_shape(v) for n in full for v in n.outputs}
+    after_einsum = really_dynamic = 0
+    for node in rank_only:
+        if node.op_type == "Constant":
+            continue
+        values = [v for v in (*node.inputs, *node.outputs) if v is not None and v.name]
+        dynamic = [v for v in values if static_shape(v) is None]
+        if not dynamic:
+            continue
+        if all(full_shapes.get(v.name) is not None for v in dynamic):
+            after_einsum += 1
+        else:
+            really_dynamic += 1
+    if not after_einsum:
+        return
+    lines = [b for b in partitions["blockers"] if "without a static shape" not in b]
+    if really_dynamic:
+        lines.insert(0, f"{really_dynamic} nodes have inputs or outputs without a static shape; freeze the dynamic axes")
+    lines.insert(0, f"{after_einsum} nodes (the Einsums and the nodes they feed) have no static shape in this ORT, "
+                    "which infers only an Einsum's rank (ONNX < 1.17): those on DirectML run as standalone kernels; "
+                    "lowering the Einsums to MatMul (dmlopt's einsum pass) lets them join a DML graph")
+    partitions["blockers"] = lines
+
+
+def _short(version: str) -> str:
+    return ".".join(str(version).split(".")[:2])
+
+
+def _warnings(model: ir.Model, data: DmlData, unfolded: list[str], level1: str | None = None) -> list[str]:
     found = []
+    if level1 and level1.startswith("replayed"):
+        found.append(f"ORT's level-1 graph was {level1}; common subexpressions and ORT's other level-1 rewrites "
+                     "are not modelled, so CPU nodes and copies may be overcounted")
     rule = data.rules.get("max_onnx_opset")
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     if rule and opset is not None and opset > rule["value"]:
@@ -211,8 +271,9 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
     parts = p["partitions"]
     size = "unknown size (dynamic shapes)" if mem["bytes"] is None else _human_bytes(mem["bytes"])
     lines = [
-        f"DirectML placement (ORT {p['ort_version']} model, {p['data_source']}):",
-        f"  nodes reaching the EP: {p['nodes']} ({p['folded_by_ort']} folded away by ORT first)",
+        f"DirectML placement ({_table_text(p)}):",
+        f"  nodes reaching the EP: {p['nodes']} ({p['folded_by_ort']} removed first by ORT's level-1 optimizer: "
+        "constant folding, common subexpressions, eliminations)",
         f"  on DirectML: {p['dml_nodes']}   on CPU: {len(p['cpu_nodes'])}",
         f"  copies (Memcpy): {mem['count']} ({mem['from_host']} to GPU, {mem['to_host']} to CPU), {size} per run",
         f"  compiled DML partitions: {parts['count']}" + ("  (whole graph compiled as one)" if parts["compiled"]
@@ -246,6 +307,16 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
         if len(mem["edges"]) > limit:
             lines.append(f"... and {len(mem['edges']) - limit} more (--json lists all)")
     return "\n".join(lines)
+
+
+def _table_text(p: dict[str, Any]) -> str:
+    """'ORT 1.24 model, dml_ort_1.24.json, measured' or, for 1.28, 'ORT 1.28 asked: nearest measured table 1.24 ...'."""
+    table = p.get("table") or {}
+    kind = "measured" if table.get("measured") else "derived from ORT's sources, not measured"
+    if table.get("nearest"):
+        return (f"ORT {p['asked_ort_version']} asked: nearest {'measured' if table.get('measured') else 'derived'} "
+                f"table {p['ort_version']}, {p['data_source']}")
+    return f"ORT {p['ort_version']} model, {p['data_source']}, {kind}"
 
 
 def clipped_table(rows: list[tuple]) -> str:

@@ -76,6 +76,16 @@ def find_copies(graph: ir.Graph, analysed: list[AnalysedNode], prefix: str) -> l
     return found
 
 
+def fill_sizes(copies: list[dict[str, Any]], graph: ir.Graph) -> None:
+    """Sizes of copies whose value has no static shape in the analysed copy, from `graph`'s shapes
+    (the rank-only Einsum shapes of ORT <= 1.19 decide fusion, not how many bytes a copy moves)."""
+    values = {v.name: v for node in ir.traversal.RecursiveGraphIterator(graph) for v in node.outputs}
+    for copy in copies:
+        value = values.get(copy["value"])
+        if copy["bytes"] is None and value is not None and _tensor_bytes(value) is not None:
+            copy["bytes"], copy["shape"] = _tensor_bytes(value), _shape_list(value)
+
+
 def _shape_list(value: ir.Value) -> list | None:
     if value.shape is None:
         return None

@@ -44,6 +44,8 @@ class DmlData:
             domain, _, op = key.rpartition("::")
             self.ops[(domain, op)] = [self._row(r, groups) for r in rows]
         self.device_unsupported = frozenset(self.rules["device"]["unsupported"])
+        # Measured on the real EP (models/dml_probe.py) or derived (transcribed from ORT's sources).
+        self.measured: bool = "measured" in raw
 
     @staticmethod
     def _row(row: dict[str, Any], groups: dict[str, list[str]]) -> Registration:

@@ -12,6 +12,7 @@ import onnx_ir.passes.common as common_passes
 
 from dmlopt.targets.dml.placement_data import canonical_domain
 from dmlopt.targets.dml.placement_nodes import attribute_value, graph_attributes, static_shape
+from dmlopt.targets.dml.placement_ort import contrib_shapes, ort_level1
 from dmlopt.shape_inference import check_function_expansion, fold_refusal, infer_shapes
 
 
@@ -26,12 +27,74 @@ FOLD_LIMIT_ELEMENTS = 1 << 22
 
 
 def prepare(model: ir.Model, fold: bool = True) -> tuple[ir.Model, int]:
-    """The copy of `model` that `predict` analyses and how many nodes ORT's folding removed."""
+    """The copy of `model` that `predict` analyses and how many nodes ORT's level-1 optimizer removed.
+
+    ORT's own level-1 optimizer (placement_ort.ort_level1) makes the copy; when the installed
+    onnxruntime cannot load the model (an op or type its CPU EP lacks), dmlopt replays ORT's
+    constant folding itself and the copy says why (``graph.meta[LEVEL1_KEY]``)."""
     if model.functions:  # ORT inlines model-local functions when it loads the model
         check_function_expansion(model)
         model = model.clone()
         common_passes.InlinePass()(model)
-    return ort_constant_folding(model) if fold else (_with_shapes(model.clone()), 0)
+    if not fold:
+        work = _with_shapes(model.clone())
+        contrib_shapes(work)
+        return work, 0
+    # ORT folds without a size limit and a 400-byte model can expand to GBs: where a fold may be large,
+    # dmlopt's bounded replay evaluates first, and ORT gets the model only if every fold stayed small.
+    replayed = ort_constant_folding(model) if may_fold_large(model) else None
+    if replayed is not None and replayed[0].graph.meta[UNFOLDED_KEY]:
+        work, why = None, f"a constant over {FOLD_LIMIT_ELEMENTS} elements would be folded"
+    else:
+        work, why = ort_level1(model)
+    if work is None:
+        work, folded = replayed if replayed is not None else ort_constant_folding(model)
+        work.graph.meta[LEVEL1_KEY] = f"replayed by dmlopt (ORT's level-1 optimizer not used: {why})"
+    else:
+        folded = _node_count(model.graph) - _node_count(work.graph)
+        _with_shapes(work)
+        work.graph.meta[UNFOLDED_KEY] = []
+        work.graph.meta[LEVEL1_KEY] = "ORT's level-1 optimizer (onnxruntime, CPU EP, ORT_ENABLE_BASIC)"
+    contrib_shapes(work)
+    return work, folded
+
+
+LEVEL1_KEY = "dmlopt.placement.level1"
+
+# Ops whose result can be far larger than their inputs (or than a declared shape says).
+EXPANDING = {"Expand", "ConstantOfShape", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot", "EyeLike",
+             "MatMul", "Gemm", "Einsum", "Gather", "GatherND"}
+
+
+def may_fold_large(model: ir.Model) -> bool:
+    """Whether ORT's folding could build a large constant: a node of EXPANDING on constants only (declared
+    shapes can lie), or any constant result over FOLD_LIMIT_ELEMENTS by its inferred shape."""
+    work = _with_shapes(model.clone())
+    inputs = set(work.graph.inputs)
+    constant = {id(v) for v in work.graph.initializers.values() if v not in inputs}
+    for node in work.graph:
+        if node.op_type == "Constant" and canonical_domain(node.domain) == "":
+            constant.update(id(o) for o in node.outputs)
+            continue
+        if canonical_domain(node.domain) != "" or node.op_type in NOT_FOLDABLE or graph_attributes(node):
+            continue
+        present = [v for v in node.inputs if v is not None]
+        if node.op_type in ("Shape", "Size") and present and static_shape(present[0]) is not None:
+            pass
+        elif not present or not all(id(v) in constant for v in present):
+            continue
+        if node.op_type in EXPANDING:
+            return True
+        for out in node.outputs:
+            shape = static_shape(out)
+            if shape is not None and int(np.prod(shape, dtype=np.int64)) > FOLD_LIMIT_ELEMENTS:
+                return True
+            constant.add(id(out))
+    return False
+
+
+def _node_count(graph: ir.Graph) -> int:
+    return sum(1 for n in graph if not (n.op_type == "Constant" and canonical_domain(n.domain) == ""))
 
 
 def prepared_graph(model: ir.Model, *, fold: bool = True) -> ir.Model:
