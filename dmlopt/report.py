@@ -203,12 +203,11 @@ class Report:
         parts = [verdict, format_table(rows) if len(rows) > 1 else "no pass changed the graph"]
         if idle:
             parts[-1] += f"\nchanged nothing: {', '.join(idle)}"
-        declines = [(p["name"], s) for p in passes for s in p["sites"] if s["action"] == "declined"]
+        declines = _declines_by_reason(passes)
         if declines:
-            parts.append("declined:\n" + "\n".join(f"  {name}: {s['node']} ({s['op']}): {s['detail']}"
-                                                   for name, s in declines[:40]))
+            parts.append("declined:\n" + "\n".join(declines[:40]))
             if len(declines) > 40:
-                parts.append(f"  ... and {len(declines) - 40} more (see the JSON report)")
+                parts.append(f"  ... and {len(declines) - 40} more reasons (see the JSON report)")
         notes = [(p["name"], n) for p in passes for n in p["notes"]]
         if notes:
             parts.append("notes:\n" + "\n".join(f"  {name}: {n}" for name, n in notes))
@@ -221,6 +220,22 @@ class Report:
                 parts.append(real_ep.report_text(printable_tree(self.real_ep)))
         parts.extend(_session_text(self.graph_capture, self.session_config))
         return "\n\n".join(parts)
+
+
+def _declines_by_reason(passes: list[dict[str, Any]]) -> list[str]:
+    """One line per (pass, reason), the sites counted with the first as the example: twenty nodes
+    declined for one reason are one thing to say, not twenty lines (the JSON lists every site)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for p in passes:
+        for site in p["sites"]:
+            if site["action"] == "declined":
+                groups.setdefault((p["name"], site["detail"]), []).append(site)
+    lines = []
+    for (name, detail), sites in groups.items():
+        first = f"{sites[0]['node']} ({sites[0]['op']})"
+        where = first if len(sites) == 1 else f"{len(sites)} sites, e.g. {first}"
+        lines.append(f"  {name}: {where}: {detail}")
+    return lines
 
 
 def _session_text(capture: dict[str, Any] | None, session: dict[str, Any] | None) -> list[str]:

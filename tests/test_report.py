@@ -34,3 +34,19 @@ def test_optimize_report_records_the_strategy_per_site():
     (site,) = [s for s in entry["sites"] if s["action"] == "rewrote"]
     assert site["node"] == "leaky" and site["strategy"] == "decompose"
     assert entry["op_delta"] == {"Constant": 1, "LeakyRelu": -1, "Max": 1, "Mul": 1}  # the alpha scalar
+
+
+def test_declines_are_said_once_per_reason_in_the_table():
+    """Twenty sites declined for one reason are one line (with the count and an example); the JSON keeps them all."""
+    model = dmlopt.load(conv_leaky_model())
+    rep = Report.start(model, target="dml", ort_version=None, options={})
+    p = all_passes()["copies"]()
+    for i in range(20):
+        p.declined(f"gather_{i}", "still predicted on the CPU: shape arithmetic", op="Gather")
+    p.declined("mod_0", "Mod has no DirectML kernel for int64", op="Mod")
+    rep.add_pass(p, before={"Gather": 20}, after={"Gather": 20}, modified=False, seconds=0.1)
+    table = rep.to_table()
+    lines = [line for line in table.splitlines() if line.startswith("  copies: ")]
+    assert lines == ["  copies: 20 sites, e.g. gather_0 (Gather): still predicted on the CPU: shape arithmetic",
+                     "  copies: mod_0 (Mod): Mod has no DirectML kernel for int64"]
+    assert len(json.loads(rep.to_json())["passes"][0]["sites"]) == 21
