@@ -30,7 +30,8 @@ import dmlopt  # noqa: E402
 from dmlopt import bench, runtime  # noqa: E402
 from dmlopt.tables import format_table  # noqa: E402
 from dmlopt.validate import run as run_model  # noqa: E402
-from dmlopt.targets.webgpu import adapter, placement  # noqa: E402
+from dmlopt import vulkan as adapter  # noqa: E402
+from dmlopt.targets.webgpu import placement  # noqa: E402
 from models.cnn import build_cnn, build_cnn_relu  # noqa: E402
 
 EXPORT = "export"

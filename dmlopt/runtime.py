@@ -22,7 +22,7 @@ import onnx_ir as ir
 from dmlopt import input_sizes, limits, scratch
 from dmlopt.errors import InputError, ProviderError
 from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
-from dmlopt.targets.webgpu import adapter as webgpu_adapter
+from dmlopt import vulkan as webgpu_adapter
 from dmlopt.targets.webgpu import host as webgpu_host
 
 PROVIDERS = {

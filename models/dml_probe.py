@@ -37,7 +37,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-RUN_SH = "/work/shared/dml-wine/run.sh"
+from dmlopt.targets.dml import ort_log
+from models.dml_real import KIT_SCRIPT, PROBE_NAMES
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "dmlopt" / "data"
 
@@ -357,44 +359,33 @@ class Observed:
     log: str
 
 
-NODE_LINE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s{2,}(\S+) \((.*)\)\s*$")
-HEADER = re.compile(r"placed on \[(\w+)\]")
 
 
 def run_batch(kit: str, version: str, path: pathlib.Path, log: pathlib.Path, opset: int = LIST_OPSET) -> Observed:
     env = dict(os.environ, LOG=str(log), DMLKIT_TIMEOUT="300")
     listing = ["--list-nodes"] if opset >= LIST_OPSET else []
     if not (log.exists() and "SMOKE" in log.read_text(errors="replace")):
-        subprocess.run(["bash", RUN_SH, kit, version, str(path), *listing, "--no-cpu-check", "--opt-level",
+        subprocess.run(["bash", KIT_SCRIPT, kit, version, str(path), *listing, "--no-cpu-check", "--opt-level",
                         "disabled"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     text = log.read_text(errors="replace") if log.exists() else ""
     text = text.split("SMOKE =====")[0]
-    cpu, dml, fused, ep, unnamed = set(), set(), 0, None, 0
-    all_dml = "All nodes placed on [DmlExecutionProvider]" in text
-    all_cpu = "All nodes placed on [CPUExecutionProvider]" in text  # listed by name only when split
-    for line in text.splitlines():
-        line = line.rstrip("\r")
-        if "VerifyEachNodeIsAssignedToAnEp" not in line:
-            continue
-        h = HEADER.search(line)
-        if h:
-            ep = h.group(1)
-            continue
-        m = NODE_LINE.search(line)
-        if not m:
-            continue
-        op, name = m.groups()
-        if name == "dmlkit_probe":  # the CPU-only node run.sh --list-nodes adds
-            continue
-        if name == "":
-            unnamed += 1
-            continue
-        if ep == "CPUExecutionProvider":
-            cpu.add(name)
-        elif op.startswith("DmlFusedNode"):
-            fused += 1
-        else:
-            dml.add(name)
+    cpu, dml, fused, unnamed = set(), set(), 0, 0
+    placed = ort_log.parse_placements(text)  # dmlopt's own reader of ORT's placement lines
+    all_dml = placed.get("DmlExecutionProvider", {}).get("all", False)
+    all_cpu = placed.get("CPUExecutionProvider", {}).get("all", False)  # listed by name only when split
+    for ep, entry in placed.items():
+        for node in entry["nodes"]:
+            op, name = node["op"], node["name"]
+            if name in PROBE_NAMES:  # the CPU-only node run.sh --list-nodes adds
+                continue
+            if name == "":
+                unnamed += 1
+            elif ep == "CPUExecutionProvider":
+                cpu.add(name)
+            elif op.startswith(ort_log.FUSED_PREFIXES):
+                fused += 1
+            else:
+                dml.add(name)
     error = None
     if all_cpu:
         cpu.add("*")

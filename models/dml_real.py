@@ -10,44 +10,35 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import subprocess
 
-KIT_SCRIPT = os.environ.get("DMLOPT_DML_KIT_SCRIPT", "/work/shared/dml-wine/run.sh")
+from dmlopt.targets.dml import ort_log
+
+# The kit beside the checkout (../shared/dml-wine), as in CI; DMLOPT_DML_KIT_SCRIPT names another run.sh.
+KIT_SCRIPT = os.environ.get("DMLOPT_DML_KIT_SCRIPT",
+                            str(pathlib.Path(__file__).resolve().parents[2] / "shared" / "dml-wine" / "run.sh"))
 KIT_VERSIONS = ("1.17.3", "1.19.2", "1.24.3", "1.31.1")
-NODE_LINE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s{2,}(\S+) \((.*)\)\s*$")
-HEADER = re.compile(r"placed on \[(\w+)\]")
 PROBE_NAMES = {"dmlkit_probe", "dmlopt_probe"}  # the disconnected CPU node --list-nodes adds
 
 
 def read_log(text: str) -> dict:
-    """{"cpu", "copies", "partitions", "standalone", "cpu_ops"} from a run.sh log (the DML session only)."""
-    text = text.split("SMOKE =====")[0]
-    ep = None
+    """{"cpu", "copies", "partitions", "standalone", "cpu_ops"} from a run.sh log (the DML session only),
+    through dmlopt's own reader of ORT's placement lines (dmlopt.targets.dml.ort_log)."""
     cpu_ops: dict[str, int] = {}
     copies = partitions = standalone = 0
-    for line in text.splitlines():
-        line = line.rstrip("\r")
-        if "VerifyEachNodeIsAssignedToAnEp" not in line:
-            continue
-        header = HEADER.search(line)
-        if header:
-            ep = header.group(1)
-            continue
-        m = NODE_LINE.search(line)
-        if not m:
-            continue
-        op, name = m.groups()
-        if name in PROBE_NAMES:
-            continue
-        if op.startswith("Memcpy"):
-            copies += 1
-        elif ep == "CPUExecutionProvider":
-            cpu_ops[op] = cpu_ops.get(op, 0) + 1
-        elif op.startswith("DmlFusedNode"):
-            partitions += 1
-        else:
-            standalone += 1
+    for provider, entry in ort_log.parse_placements(text.split("SMOKE =====")[0]).items():
+        for node in entry["nodes"]:
+            op = node["op"]
+            if node["name"] in PROBE_NAMES:
+                continue
+            if op in ort_log.COPY_OPS:
+                copies += 1
+            elif provider == "CPUExecutionProvider":
+                cpu_ops[op] = cpu_ops.get(op, 0) + 1
+            elif op.startswith(ort_log.FUSED_PREFIXES):
+                partitions += 1
+            else:
+                standalone += 1
     return {"cpu": sum(cpu_ops.values()), "copies": copies, "partitions": partitions, "standalone": standalone,
             "cpu_ops": dict(sorted(cpu_ops.items(), key=lambda kv: -kv[1]))}
 

@@ -22,8 +22,8 @@ LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
                "dmlopt.target", "dmlopt.scratch", "dmlopt.data", "dmlopt.outputs", "dmlopt.arg_types",
                "dmlopt.limits", "dmlopt.inputs_file", "dmlopt.supervisor", "dmlopt.pass_catalog",
-               # WebGPU facts from ORT's source and the Vulkan adapter list: read by passes and runtime alike.
-               "dmlopt.targets.webgpu.registry", "dmlopt.targets.webgpu.adapter"],
+               # WebGPU facts from ORT's source and the Vulkan device list (both targets): read by passes and runtime alike.
+               "dmlopt.targets.webgpu.registry", "dmlopt.vulkan"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
                    "dmlopt.graph_check", "dmlopt.names", "dmlopt.input_sizes"],
     # The WebGPU host registers the plug-in EP that runtime's sessions use.

@@ -20,7 +20,8 @@ from onnx import TensorProto, helper
 import dmlopt
 from dmlopt import html_report, runtime, session_config
 from dmlopt.pipeline import op_counts
-from dmlopt.targets.webgpu import adapter, kernels, placement, registry
+from dmlopt import vulkan as adapter
+from dmlopt.targets.webgpu import kernels, placement, registry
 from passes.op_versions_test import group_norm_model
 
 MISSING = runtime.webgpu_missing()

@@ -46,7 +46,6 @@ HOW_TO = ("to run the real DirectML EP here, make a host folder with `bash ../sh
           f"and pass --dml-host DIR (or set {ENV_VAR}=DIR)")
 SOFTWARE_NOTE = "software rendering: not GPU speed"
 RUNNER = pathlib.Path(__file__).with_name("runner.js")
-PROBE = pathlib.Path(__file__).with_name("vulkan_probe.py")
 TOOLS = ("wine", "xvfb-run", "timeout")
 FILES = ("node.exe", "d3d12.dll", "libvkd3d-1.dll", "libvkd3d-shader-1.dll")
 VERSION_DIR = re.compile(r"^ort-(\d+\.\d+\.\d+)$")
@@ -139,7 +138,7 @@ def describe(root: pathlib.Path, package: pathlib.Path, version: str) -> dict[st
     dll = next(iter(sorted(package.glob("bin/*/win32/x64/DirectML.dll"))), None)
     devices = vulkan_devices()
     first = devices[0] if devices else None
-    software = bool(first) and first["type"] == "cpu"
+    software = bool(first) and first["software"]
     return {"host": "wine", "folder": str(root), "ort_version": version,
             "directml_dll": dll_version(dll) if dll else "missing",
             "vulkan_device": first["name"] if first else "unknown (no Vulkan device found)",
@@ -159,12 +158,14 @@ def dll_version(path: pathlib.Path) -> str:
 @functools.lru_cache(maxsize=1)
 def vulkan_devices() -> tuple[dict[str, str], ...]:
     try:
-        done = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True, timeout=30,
+        # in a child process: a broken Vulkan driver can crash the process that asks (dmlopt.vulkan)
+        done = subprocess.run([sys.executable, "-m", "dmlopt.vulkan"], capture_output=True, text=True, timeout=30,
                               stdin=subprocess.DEVNULL)
         found = json.loads(done.stdout or "{}").get("devices", [])
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return ()
-    return tuple({"name": str(d.get("name", "?")), "type": str(d.get("type", "?"))} for d in found)
+    return tuple({"name": str(d.get("name", "?")), "type": str(d.get("type", "?")), "software": d.get("software") is True}
+                 for d in found)
 
 
 @dataclasses.dataclass

@@ -27,7 +27,8 @@ from dmlopt.errors import DmlOptError
 from dmlopt.graph_capture import Readiness, _blocker, _dynamic_inputs
 from dmlopt.target import installed_ort_version
 from dmlopt.targets.dml import ort_log
-from dmlopt.targets.webgpu import adapter, host, registry
+from dmlopt import vulkan as adapter
+from dmlopt.targets.webgpu import host, registry
 
 PROVIDER = host.PROVIDER
 CONTROL_FLOW = ("If", "Loop", "Scan")

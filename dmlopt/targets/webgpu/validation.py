@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from dmlopt.validate import Validation, validate
-from dmlopt.targets.webgpu import adapter
+from dmlopt import vulkan as adapter
 
 WORSE_THAN_BASELINE = 2.0
 

@@ -1,7 +1,10 @@
-"""Which adapter Dawn can get: the Vulkan physical devices of this machine, read through the loader.
+"""The Vulkan physical devices of this machine, read through the loader: which adapter Dawn (the
+WebGPU EP) takes, and which device vkd3d gives DirectML under Wine.
 
-Why: WebGPU times mean nothing without the device they were measured on, and a software adapter
-(Mesa's lavapipe, type CPU) must never yield a speed claim or a tuning choice.  ORT does not say
+Why: GPU times mean nothing without the device they were measured on, and a software device
+(Mesa's lavapipe, type CPU) must never yield a speed claim or a tuning choice.  One reader for
+both targets; ``python -m dmlopt.vulkan`` prints the list as JSON, for a caller that keeps a
+possibly crashing driver out of its own process (the DirectML host does).  ORT does not say
 which adapter Dawn picked, so dmlopt lists what Vulkan offers (Dawn prefers a discrete GPU, then an
 integrated one, and takes a CPU adapter only when nothing else is there) and names the one Dawn
 takes by that order.  Read with ctypes from ``libvulkan.so.1`` (the loader the plug-in needs too):
@@ -69,7 +72,7 @@ def _vulkan():
 
 @functools.lru_cache(maxsize=1)
 def vulkan_adapters() -> tuple[tuple[Adapter, ...], str]:
-    """(every Vulkan physical device, '') or ((), why none could be listed)."""
+    """(every Vulkan physical device in the loader's order, '') or ((), why none could be listed)."""
     lib = _vulkan()
     if lib is None:
         return (), "no Vulkan loader (libvulkan.so.1): install libvulkan1 and a driver (mesa-vulkan-drivers)"
@@ -95,7 +98,7 @@ def vulkan_adapters() -> tuple[tuple[Adapter, ...], str]:
         lib.vkDestroyInstance(instance, None)
     if not found:
         return (), "Vulkan lists no physical device (no driver, or VK_ICD_FILENAMES names none that loads)"
-    return tuple(a for _, a in sorted(found, key=lambda p: p[0])), ""
+    return tuple(a for _, a in found), ""
 
 
 def _driver_version(vendor: int, version: int) -> str:
@@ -105,6 +108,16 @@ def _driver_version(vendor: int, version: int) -> str:
 
 
 def chosen() -> tuple[Adapter | None, str]:
-    """The adapter Dawn takes by its preference, or (None, why there is none)."""
+    """The adapter Dawn takes by its preference (discrete, integrated, virtual, other, CPU), or
+    (None, why there is none)."""
     adapters, why = vulkan_adapters()
-    return (adapters[0], "") if adapters else (None, why)
+    order = {kind: PREFERENCE[code] for code, kind in TYPES.items()}
+    return (min(adapters, key=lambda a: order.get(a.kind, 3)), "") if adapters else (None, why)
+
+
+if __name__ == "__main__":
+    import json
+
+    listed, reason = vulkan_adapters()
+    print(json.dumps({"devices": [{"name": a.name, "type": a.kind, "software": a.software} for a in listed],
+                      "why": reason}))
