@@ -54,4 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     from dmlopt import cli  # the ONNX stack: only for a command that uses it
 
-    return cli.main(args)
+    # Run as a program (no `argv`), the command works in dmlopt.supervisor's child process, which a
+    # signal can stop even inside native code; with `argv` it runs in this process.
+    return cli.main(None if argv is None else args)

@@ -55,3 +55,13 @@ def test_the_quick_answers_are_the_cli_answers(capsys):
 def test_other_commands_go_to_the_cli():
     r = _run("inspect", "/nonexistent.onnx")
     assert r.returncode == 2 and r.stderr.startswith("dmlopt: error:")
+
+
+def test_the_program_runs_the_command_supervised(monkeypatch):
+    """Run as a program (no argv), a command goes to cli.main without argv, which runs it in
+    dmlopt.supervisor's child (a signal stops it even inside native code); with argv, in-process."""
+    seen = []
+    monkeypatch.setattr(cli, "main", lambda argv=None: seen.append(argv) or 0)
+    monkeypatch.setattr(sys, "argv", ["dmlopt", "inspect", "m.onnx"])
+    assert launch.main() == 0 and launch.main(["inspect", "m.onnx"]) == 0
+    assert seen == [None, ["inspect", "m.onnx"]]
