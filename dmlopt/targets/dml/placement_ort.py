@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 # ORT refuses a serialized model over protobuf's limit; such a model keeps dmlopt's own replay.
 PROTO_LIMIT_BYTES = 2_000_000_000
 LARGE_BYTES = 1 << 20
+# Value meta of a weight that ORT got as a graph input (over LARGE_BYTES): it could not fold what reads it.
+GIVEN_AS_INPUT = "dmlopt.placement.given_as_input"
 
 
 def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
@@ -70,6 +72,7 @@ def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
         if value.name in originals:
             work.graph.inputs.remove(value)
             value.const_value = originals[value.name]
+            value.meta[GIVEN_AS_INPUT] = True
             work.graph.register_initializer(value)
     return work, None
 
