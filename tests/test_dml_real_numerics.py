@@ -33,7 +33,6 @@ SAM = DATA / "sam_small.onnx"  # Conv -> LeakyRelu -> Conv chains: every LeakyRe
 # Cases whose model needs a newer ORT than some versions: (case, versions) -> why.
 NEEDS = {("group-norm", "1.17.3"): "GroupNormalization-21 needs opset 21, which ORT 1.17 does not load"}
 # Emitted ops the real EP runs on the CPU at a version (measured), so the check there is the CPU kernel's.
-ON_CPU = {("grid-sample-16", "1.17.3"): "GridSample"}
 OLDEST_IR = 9  # ORT 1.17 reads IR versions up to 9
 
 
@@ -112,9 +111,8 @@ def test_rewrite_validates_on_the_real_directml_ep(dml_host, case, version):
     assert real is not None and real.get("host", {}).get("ort_version") == version, real
     assert result.passed and real["passed"], result.report.to_table()
     op = emitted.rpartition(".")[2]
-    if (case, version) in ON_CPU:
-        assert ON_CPU[case, version] in real["placement"]["cpu_ops"], real["placement"]
-    elif op_counts(result.model).get(emitted, 0):  # DirectML's own kernel ran the emitted op, not the CPU EP's
+    # GridSample-16 at 1.17.3 runs on DirectML too (a standalone kernel), as the measured 1.17 table says
+    if op_counts(result.model).get(emitted, 0):  # DirectML's own kernel ran the emitted op, not the CPU EP's
         assert op not in real["placement"]["cpu_ops"], real["placement"]
     if version == dml_host.versions[-1]:
         assert op_counts(result.model).get(emitted, 0) > 0, (case, op_counts(result.model))
