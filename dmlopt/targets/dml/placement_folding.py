@@ -117,29 +117,11 @@ def ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Mode
     """A copy of `model` after what ORT's level-1 ConstantFolding does before partitioning.
 
     ORT folds a node when all its inputs are constant, and a Shape/Size whose input shape is
-    fully static; it does not fold through partially known shapes.  Each round infers shapes
-    again, because a folded Reshape shape makes the next Shape static.
+    fully static; it does not fold through partially known shapes.
     """
     work = _with_shapes(model.clone())
-    folded = 0
     unfolded: list[str] = []
-    for _ in range(max_rounds):
-        changed = 0
-        for node in list(work.graph):
-            values = _fold_node(node, unfolded)
-            if values is None:
-                continue
-            for out, array in zip(node.outputs, values):
-                const = ir.Value(name=out.name, shape=ir.Shape(array.shape), type=ir.TensorType(out.dtype or
-                                 ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array))
-                ir.convenience.replace_all_uses_with(out, const, replace_graph_outputs=True)
-                work.graph.register_initializer(const)
-            work.graph.remove(node, safe=True)
-            changed += 1
-        folded += changed
-        if not changed:
-            break
-        work = _with_shapes(work)
+    folded = _fold_rounds(work, unfolded, max_rounds)
     work.graph.meta[UNFOLDED_KEY] = unfolded
     return work, folded
 
@@ -147,18 +129,26 @@ def ort_constant_folding(model: ir.Model, max_rounds: int = 12) -> tuple[ir.Mode
 UNFOLDED_KEY = "dmlopt.placement.unfolded"
 
 
-def _fold_what_reads_large_weights(work: ir.Model, unfolded: list[str], max_rounds: int = 12) -> int:
+def _fold_what_reads_large_weights(work: ir.Model, unfolded: list[str]) -> int:
     """Fold, in place, the nodes ORT could not fold only because their weight was given to it as an
     input (placement_ort: weights over LARGE_BYTES), and what they make constant; how many.
 
     Why: ORT folds them when it has the weights (SAM ViT-B's Transpose of its 3 MB position
     embedding): left in, such a node was predicted as a DML partition of its own that the real EP
     never had (1.17.3, 512-px ViT-B export: 1 predicted, 0 real)."""
+    return _fold_rounds(work, unfolded, large_weights_only=True)
+
+
+def _fold_rounds(work: ir.Model, unfolded: list[str], max_rounds: int = 12, large_weights_only: bool = False) -> int:
+    """Fold, in place, every node ORT would fold (`_fold_node`), round after round: each round infers
+    shapes again, because a folded Reshape shape makes the next Shape static; how many were folded.
+    `large_weights_only`: only nodes that read a value marked GIVEN_AS_INPUT, whose results are
+    marked so in turn (what reads them was not foldable by ORT either)."""
     folded = 0
     for _ in range(max_rounds):
         changed = 0
         for node in list(work.graph):
-            if not any(v is not None and v.meta.get(GIVEN_AS_INPUT) for v in node.inputs):
+            if large_weights_only and not any(v is not None and v.meta.get(GIVEN_AS_INPUT) for v in node.inputs):
                 continue
             values = _fold_node(node, unfolded)
             if values is None:
@@ -166,7 +156,8 @@ def _fold_what_reads_large_weights(work: ir.Model, unfolded: list[str], max_roun
             for out, array in zip(node.outputs, values):
                 const = ir.Value(name=out.name, shape=ir.Shape(array.shape), type=ir.TensorType(out.dtype or
                                  ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array))
-                const.meta[GIVEN_AS_INPUT] = True  # what reads it was not foldable by ORT either
+                if large_weights_only:
+                    const.meta[GIVEN_AS_INPUT] = True
                 ir.convenience.replace_all_uses_with(out, const, replace_graph_outputs=True)
                 work.graph.register_initializer(const)
             work.graph.remove(node, safe=True)
