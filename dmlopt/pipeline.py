@@ -262,12 +262,16 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         if not rep.timing:
             rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims,
                                       inputs=inputs, progress=progress)
+    predicted = None
     if resolved.ep == "dml":  # the verdict DirectML users come for: CPU nodes, copies, partitions before -> after
         version = resolved.table_version
+        prepared = placement.prepare(out.model)
+        after = placement.predict(out.model, ort_version=version, prepared=prepared)
         rep.placement = {"before": placement.predict(original, ort_version=version).to_dict(),
-                         "after": placement.predict(out.model, ort_version=version).to_dict()}
+                         "after": after.to_dict()}
+        predicted = (after, prepared) if out.model is work else None  # the same model (no fp16 repair)
     if out.passed:
-        _session_recommendation(rep, work, context, tune, progress)
+        _session_recommendation(rep, work, context, tune, progress, predicted)
     return out
 
 
@@ -284,13 +288,16 @@ def _validate_real(original: ir.Model, model: ir.Model, real, context: PassConte
                                  per_output=per_output)
 
 
-def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: bool, progress=None) -> None:
+def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: bool, progress=None,
+                            predicted: tuple[placement.Placement, tuple[ir.Model, int]] | None = None) -> None:
     """The report's graph-capture readiness and recommended session configuration for the target;
-    with --tune on the target's machine the provider options are measured (bench.tune_ep) first."""
+    with --tune on the target's machine the provider options are measured (bench.tune_ep) first.
+    `predicted`: the DirectML placement of `work` and its prepared graph, made already (not again)."""
     target = context.target.ep
     readiness = None
     if target in ("dml", "cuda"):
-        readiness = graph_capture_readiness(work, context.target)
+        made = dict(zip(("placement", "prepared"), predicted)) if predicted else {}
+        readiness = graph_capture_readiness(work, context.target, **made)
         rep.graph_capture = readiness.to_dict()
     elif target == "webgpu":  # measured from the EP where it runs (dmlopt.targets.webgpu.placement)
         if progress:
