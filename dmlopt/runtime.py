@@ -327,21 +327,13 @@ def _without_dawn_noise() -> Iterator[None]:
         yield
         return
     sys.stderr.flush()
-    with scratch.folder("dmlopt-dawn-") as tmp:
-        path = tmp / "stderr.txt"
-        with open(path, "w+b") as held:
-            saved = os.dup(2)
-            os.dup2(held.fileno(), 2)
-            try:
-                yield
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-                held.seek(0)
-                kept = [line for line in held.read().decode("utf-8", "replace").splitlines(keepends=True)
-                        if not DAWN_NOISE.match(line)]
-                if kept:
-                    os.write(2, "".join(kept).encode("utf-8"))
+    try:
+        with scratch.capture_stderr() as box:
+            yield
+    finally:
+        kept = [line for line in box["text"].splitlines(keepends=True) if not DAWN_NOISE.match(line)]
+        if kept:
+            os.write(2, "".join(kept).encode("utf-8"))
 
 
 def _create(rt, src, so, providers):

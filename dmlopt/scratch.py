@@ -154,6 +154,24 @@ def folder(prefix: str, *, suffix: str | None = None, parent: str | os.PathLike 
             remove(path)
 
 
+@contextlib.contextmanager
+def capture_stderr() -> Iterator[dict[str, str]]:
+    """Collect what is written to file descriptor 2 inside the block (ORT's logger and Dawn write
+    there, not to Python's ``sys.stderr``); the text is in ``box["text"]`` afterwards, also when
+    the block raised."""
+    box = {"text": ""}
+    with folder("dmlopt-stderr-") as tmp, open(tmp / "stderr.txt", "w+b") as held:
+        saved = os.dup(2)
+        os.dup2(held.fileno(), 2)
+        try:
+            yield box
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            box["text"] = held.read().decode("utf-8", "replace")
+
+
 # What a full, read-only or limited folder raises while files are written into it.
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE,
                   errno.ENFILE, errno.ENAMETOOLONG}

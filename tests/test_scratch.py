@@ -91,3 +91,20 @@ def test_interrupt_during_save_leaves_no_half_written_output(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         model_io.save(m, tmp_path / "out.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_capture_stderr_holds_fd2_and_leaves_nothing(tmp_path, monkeypatch):
+    """What native code writes to file descriptor 2 is collected (also when the block raises) and fd 2
+    is restored; the scratch folder it used is gone."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with scratch.capture_stderr() as box:
+        os.write(2, b"from native code\n")
+    assert box["text"] == "from native code\n"
+    try:
+        with scratch.capture_stderr() as box:
+            os.write(2, b"before the error\n")
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert box["text"] == "before the error\n" and list(tmp_path.iterdir()) == []
+    os.fstat(2)  # fd 2 is open again

@@ -96,7 +96,7 @@ def observe(model: ir.Model, target: str, *, shapes=None, dims=None, feeds: Mapp
             runs: int = 1) -> dict[str, Any]:
     """One verbose, profiled session of `model` on `target` and `runs` runs: {log, events, providers}."""
     with scratch.folder("dmlopt-calibrate-") as tmp:
-        with ort_log.capture_stderr() as box:
+        with scratch.capture_stderr() as box:
             sess = runtime.session(model, target, profile_dir=str(tmp), log_severity=0, level=LEVEL)
             if feeds is None:
                 feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims))

@@ -10,21 +10,16 @@ of its own, older ones as continuation lines of one message); ``transformer_memc
 The profile's node events (``cat: Node``, ``name: <node>_kernel_time``) carry ``args.op_name``
 and ``args.provider``.
 
-``capture_stderr`` collects ORT's log: its default logger writes to the process's stderr
+``scratch.capture_stderr`` collects ORT's log: its default logger writes to the process's stderr
 (file descriptor 2), not to Python's ``sys.stderr``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import tempfile
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from dmlopt import scratch
-
-__all__ = ["FUSED_PREFIXES", "capture_stderr", "parse_copies", "parse_placements", "profile_nodes"]
+__all__ = ["FUSED_PREFIXES", "parse_copies", "parse_placements", "profile_nodes"]
 
 PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[([^\]]+)\]\. Number of nodes: (\d+)")
 # A node line: "OpType (name)", after the log prefix or alone as a continuation line.
@@ -80,28 +75,3 @@ def profile_nodes(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, st
         node = name[: -len("_kernel_time")]
         found.setdefault(node, {"op": str(args.get("op_name", "")), "provider": str(args.get("provider", ""))})
     return found
-
-
-@contextlib.contextmanager
-def capture_stderr() -> Iterator[dict[str, str]]:
-    """Collect what is written to file descriptor 2 inside the block; the text is in
-    ``box["text"]`` afterwards."""
-    box = {"text": ""}
-    path = None
-    try:
-        with scratch.uninterrupted():  # an interrupt waits until the file's name is held
-            fd, path = tempfile.mkstemp(prefix="dmlopt-ortlog-", suffix=".txt")
-        saved = os.dup(2)
-        os.dup2(fd, 2)
-        try:
-            yield box
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(fd)
-            with open(path, encoding="utf-8", errors="replace") as f:
-                box["text"] = f.read()
-    finally:
-        if path is not None:
-            with scratch.uninterrupted(), contextlib.suppress(OSError):
-                os.unlink(path)

@@ -19,11 +19,10 @@ from typing import Any, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import runtime
+from dmlopt import runtime, scratch
 from dmlopt.errors import ProviderError, UsageError
 from dmlopt.tables import format_table
 from dmlopt.targets.dml import host as host_mod
-from dmlopt.targets.dml import ort_log
 from dmlopt.validate import compare, make_inputs, run as run_cpu
 from dmlopt.bench import summary as latency_summary
 
@@ -197,7 +196,7 @@ def _run_in_process(model: ir.Model, feeds: Mapping[str, np.ndarray], *, level: 
     """The same run with onnxruntime-directml in this process (Windows)."""
     levels = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
               "disabled": "ORT_DISABLE_ALL"}
-    with ort_log.capture_stderr() as box:
+    with scratch.capture_stderr() as box:
         t0 = time.perf_counter()
         sess = runtime.session(model, "dml", log_severity=0, level=levels[level])
         session_ms = (time.perf_counter() - t0) * 1e3

@@ -16,13 +16,12 @@ the WebGPU EP with no Memcpy, no control flow; replay needs fixed input shapes.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping
 
 import onnx
 import onnx_ir as ir
 
-from dmlopt import runtime
+from dmlopt import runtime, scratch
 from dmlopt.errors import DmlOptError
 from dmlopt.graph_capture import Readiness, _blocker, _dynamic_inputs
 from dmlopt.target import installed_ort_version
@@ -42,7 +41,7 @@ def measure(model: ir.Model, *, dims: Mapping[str, int] | None = None,
     if missing is not None:
         return {**predict(model), "reason": missing}
     try:
-        with ort_log.capture_stderr() as box:
+        with scratch.capture_stderr() as box:
             runtime.session(model, "webgpu", provider_options=provider_options, free_dims=dims, log_severity=0)
     except DmlOptError as e:
         return {**predict(model), "reason": f"the WebGPU session did not start: {e}"}
