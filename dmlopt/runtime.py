@@ -119,7 +119,7 @@ def provider_entry(target: str, options: Mapping[str, Any] | None = None):
 def model_source(model: ir.Model) -> Iterator[str | bytes]:
     """Bytes for ORT when the model fits in one protobuf, else a temp file with external data."""
     proto = ir.to_proto(model)
-    if proto.ByteSize() < 2**31 - 1 and not _has_external(model):
+    if proto.ByteSize() < 2**31 - 1 and not has_external_data(model):
         yield proto.SerializeToString()
         return
     with scratch.folder("dmlopt-ort-") as tmp:
@@ -212,10 +212,6 @@ def _placeholder(name: str, tensor: ir.TensorProtocol, nbytes: int) -> onnx.Tens
 
 def has_external_data(model: ir.Model) -> bool:
     """Whether a weight of the model lives in another file."""
-    return _has_external(model)
-
-
-def _has_external(model: ir.Model) -> bool:
     for graph in model.graphs():
         for v in graph.initializers.values():
             if isinstance(v.const_value, ir.ExternalTensor):
