@@ -595,8 +595,6 @@ def cmd_validate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.runs < 1 or args.warmup < 0:
-        raise UsageError("--runs must be >= 1 and --warmup >= 0")
     if args.emulate and (args.compare or args.tune_ep or args.ep != "auto"):
         raise UsageError("--emulate picks its own providers: it cannot be combined with --ep, --compare or --tune-ep")
     if args.compare and args.tune_ep:
@@ -625,7 +623,7 @@ def cmd_bench(args) -> int:
                                            disable_metacommands=args.disable_metacommands)
     common = dict(runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims, free_dims=dims,
                   provider_options=options, progress=progress, cuda_graph=args.cuda_graph)
-    model = load(args.model)
+    model, other = load(args.model), None
     try:
         if args.tune_ep:
             out = bench.tune_ep(model, target, **common)
@@ -635,8 +633,9 @@ def cmd_bench(args) -> int:
                   "nothing to time")
             return EXIT_OK
         elif args.compare:
+            other = load(args.compare)
             names = _model_labels(args.model, args.compare)
-            out = bench.compare({names[0]: model, names[1]: load(args.compare)}, target, **common)
+            out = bench.compare({names[0]: model, names[1]: other}, target, **common)
         else:
             out = bench.time_model(model, target, **common)
     except InputError as e:
@@ -644,7 +643,7 @@ def cmd_bench(args) -> int:
             raise
         # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
         raise InputError(f"{e} ({graph_capture_readiness(model, 'cuda').line()})") from e
-    note = bench.target_note([model, *([load(args.compare)] if args.compare else [])], out["provider"])
+    note = bench.target_note([m for m in (model, other) if m is not None], out["provider"])
     if note:
         out["note"] = note
     print(json_text(out) if args.json else "\n".join(bench.verdict(out)) if args.quiet
