@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dmlopt import ort_model
 from dmlopt.targets.dml import ort_log
 from models.dml_real import KIT_SCRIPT, PROBE_NAMES
 
@@ -326,8 +327,7 @@ def batch_model(probes: list[Probe], opset: int) -> onnx.ModelProto:
         inits += z
         outputs += o
     graph = helper.make_graph(nodes, "dml_probe", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
-                                                    helper.make_opsetid("com.microsoft", 1)], ir_version=9)
+    model = ort_model.make_model(graph, {"": opset, "com.microsoft": 1})
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     known = {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.output)}
     for out in model.graph.output:  # declared output types (onnx-inferred) so no runtime needs to guess
@@ -493,9 +493,9 @@ def _run_alone(kit: str, version: str, chunk: list[Probe], opset: int, work: pat
 def max_opset(kit: str, version: str, work: pathlib.Path, say=print) -> int:
     """The highest ai.onnx opset the version loads (a Relu model at each opset, newest first)."""
     for opset in range(onnx.defs.onnx_opset_version(), 12, -1):
-        model = helper.make_model(helper.make_graph(
+        model = ort_model.make_model(helper.make_graph(
             [helper.make_node("Relu", ["x"], ["y"], name="r")], "g", [_value_info("x", "float", [2])],
-            [_value_info("y", "float", [2])]), opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+            [_value_info("y", "float", [2])]), {"": opset})
         path = work / f"opset-{version}-{opset}.onnx"
         onnx.save(model, path)
         seen = run_batch(kit, version, path, work / f"opset-{version}-{opset}.log", opset)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from dmlopt import ort_model
+
 
 class Graph:
     """A tiny graph builder: named nodes, numpy initializers."""
@@ -32,4 +34,4 @@ class Graph:
         opset = opset or self.opset
         graph = helper.make_graph(self.nodes, "g", inputs, [helper.make_tensor_value_info(output, TensorProto.FLOAT,
                                                                                           shape)], self.inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        return ort_model.make_model(graph, {"": opset})

@@ -7,6 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from dmlopt import ort_model
 from dmlopt.cli import main
 
 
@@ -23,7 +24,7 @@ def conv_leaky_model(batch="N", alpha=0.1, channels=4, size=8, seed=0) -> onnx.M
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, channels, size, size])],
         [w, b])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ort_model.make_model(graph, {"": 17})
 
 
 @pytest.fixture

@@ -7,15 +7,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dmlopt import ort_model
+
 
 def _w(rng, name, *shape):
     return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
 
 
 def _model(nodes, inputs, outputs, inits, **meta) -> onnx.ModelProto:
-    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits),
-                          opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
+    m = ort_model.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits), {"": 17})
     for k, v in meta.items():
         m.metadata_props.add(key=k, value=str(v))
     return m

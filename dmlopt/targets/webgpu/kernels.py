@@ -19,7 +19,7 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
-from dmlopt import runtime
+from dmlopt import ort_model, runtime
 from dmlopt.errors import DmlOptError
 
 # Relative L2 error above which a probed kernel is wrong (float32: the CPU EP and a correct GPU kernel
@@ -51,7 +51,7 @@ def mha_model(batch: int, heads: int, seq_q: int, seq_kv: int, head_qk: int, hea
     node = oh.make_node("MultiHeadAttention", names, ["out"], domain=MS_DOMAIN, num_heads=heads)
     graph = oh.make_graph([node], "mha_probe", inputs,
                           [oh.make_tensor_value_info("out", elem, [batch, seq_q, heads * head_v])])
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS_DOMAIN, 1)])
+    return ort_model.make_model(graph, {"": 17, MS_DOMAIN: 1})
 
 
 def probe_mha(batch: int, heads: int, seq_q: int, seq_kv: int, head_qk: int, head_v: int,
