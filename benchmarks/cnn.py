@@ -37,7 +37,7 @@ VARIANTS = {
     "leaky: conv-split": dict(passes=["leaky-relu"], leaky_relu="conv-split"),
     "leaky: channel-fold": dict(passes=["leaky-relu"], leaky_relu="channel-fold"),
     "convT: subpixel": dict(passes=["conv-transpose"], conv_transpose="subpixel"),
-    "conv-split + subpixel (dml default)": dict(passes=["leaky-relu", "conv-transpose"], leaky_relu="conv-split",
+    "conv-split + subpixel": dict(passes=["leaky-relu", "conv-transpose"], leaky_relu="conv-split",
                                                 conv_transpose="subpixel"),
 }
 

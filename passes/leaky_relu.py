@@ -43,16 +43,15 @@ are rewritten too; inside model functions 7-9 decline (the rewriter cannot add i
 
 Choosing: ``--leaky-relu auto`` is measured by ``dmlopt.tune`` where the target provider
 exists.  Where it does not, ``auto_default`` applies:
-  - dml: ``conv-split``.  It is the one strategy whose result has every Conv activation as a
-    Relu directly after a Conv, the pair the public report shows fusing on the very driver that
-    does not fuse LeakyRelu; its price is a second Conv (twice the MACs) and one Add per site.
-    decompose and relu-split leave the Conv unfused plus 2-4 elementwise passes; channel-fold
-    doubles both neighbours' channels (4x the MACs of a Conv between two folded sites).  On
-    drivers that do fuse LeakyRelu, ``keep`` is faster, by up to what the doubled Conv work
-    costs where nothing fuses (benchmarks/cnn.py): tune on the target.
-  - cuda, cpu: ``keep``.  The CUDA EP fuses no activation into Conv and the CPU EP fuses
-    LeakyRelu into its Conv itself, so every rewrite only adds work (benchmarks/cnn.py on an
-    H200; figures in benchmarks/README.md).
+  - dml: ``keep``.  Measured on a GPU through the real DirectML EP (H100, ORT 1.31.1 under Wine and
+    vkd3d, the 7-layer CNN at 270x480): DirectML fused Conv+LeakyRelu there, keep 6.47 ms, its Relu
+    twin 6.94, relu-split 7.05, decompose 7.27, conv-split 7.44, channel-fold 7.74; conv-split also
+    grows the file 1.85x.  The driver that does not fuse LeakyRelu (vendor metacommands, DirectML
+    issue #138) is not on any machine here: ``--tune`` on the user's DirectML machine times every
+    strategy and takes a split only where it is faster beyond the noise.
+  - cuda, cpu, webgpu: ``keep``.  The CUDA EP fuses no activation into Conv, the CPU EP fuses
+    LeakyRelu into its Conv itself and ORT fuses Conv+LeakyRelu for WebGPU, so every rewrite only
+    adds work (benchmarks/cnn.py on an H200, benchmarks/webgpu.py on an H100; benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -444,10 +443,17 @@ class LeakyReluPass(DmlPass):
         "leaky_relu", default="auto", choices=(*STRATEGIES, "auto"), tunable=True,
         # webgpu: ORT's ConvActivationFusion runs for the WebGPU EP with LeakyRelu among its activations
         # (dmlopt.targets.webgpu.registry; the fused Conv is checked on lavapipe in tests/test_webgpu.py).
-        auto_default={"dml": "conv-split", "cuda": "keep", "cpu": "keep", "webgpu": "keep"},
+        auto_default={"dml": "keep", "cuda": "keep", "cpu": "keep", "webgpu": "keep"},
+        auto_default_source={
+            "dml": "measured on a GPU through the real DirectML EP (H100, ORT 1.31.1, 7-layer CNN 270x480): "
+                   "DirectML fused Conv+LeakyRelu, and every rewrite was slower (conv-split x0.87); where a driver "
+                   "does not fuse LeakyRelu, --tune on that machine measures the splits",
+            "webgpu": "ORT fuses Conv+LeakyRelu for WebGPU; every rewrite measured slower on an H100 (x0.57-x0.88)",
+            "cuda": "the CUDA EP fuses no activation into Conv: every rewrite adds work (H200)",
+            "cpu": "the CPU EP fuses LeakyRelu into Conv itself"},
         help="how to rewrite LeakyRelu: keep, decompose (Max/Min), relu-split, conv-split (Relu(Conv)+Conv), "
-             "channel-fold, or auto (time them on the target; default without the target: conv-split for dml, "
-             "keep for cuda/cpu)"),)
+             "channel-fold, or auto (time them on the target; default without the target: keep, measured "
+             "fastest where Conv+LeakyRelu fuses; --tune takes a split where the user's driver does not fuse)"),)
 
     def strategy(self) -> str:
         return self.resolved_option("leaky_relu")

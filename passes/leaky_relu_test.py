@@ -519,11 +519,12 @@ def test_optimize_end_to_end_with_decompose():
 
 
 def test_auto_uses_the_documented_default_per_target():
-    for target, expected in (("dml", "conv-split"), ("cuda", "keep"), ("cpu", "keep")):
+    """Every target keeps LeakyRelu untuned (dml: measured on a GPU through the real EP, issue 30), and
+    the note says why."""
+    for target, why in (("dml", "real DirectML EP"), ("cuda", "CUDA EP"), ("cpu", "CPU EP"), ("webgpu", "WebGPU")):
         _, out, p = rewrite(conv_leaky(0.1), "auto", target=target)
-        assert compute_counts(out) == ({"Conv": 2, "Relu": 1, "Add": 1} if expected == "conv-split"
-                                       else {"Conv": 1, "LeakyRelu": 1})
-        assert expected in p.notes[0]
+        assert compute_counts(out) == {"Conv": 1, "LeakyRelu": 1}
+        assert "keep" in p.notes[0] and why in p.notes[0], p.notes
 
 
 def test_tuning_times_every_strategy_and_keeps_a_valid_one():

@@ -1,0 +1,185 @@
+"""SAM ViT-B 1024 on the WebGPU EP: the export against dmlopt's outputs, timed in one run, with a GPU profile.
+
+    python benchmarks/webgpu_vitb.py --work DIR [--runs 10] [--variants] [--profile-out DIR]
+
+Rows: the export (float32, the baseline), `--target webgpu`, `--target webgpu --fp16` (validated on the CPU EP
+with dmlopt's float16 rule; the row says whether it passed) and, with --variants, the options the issue asks
+about (relative-position bias folded, attention kept unfused).  Every row is timed by ``bench.compare`` in
+alternation against the export, outputs read back to the host; ratios are medians of per-round ratios.
+Numerics: each output on the WebGPU EP against the export on the CPU EP (relative L2).
+
+Profile: one session per row with ORT's profiling on; the WebGPU EP adds its GPU kernel times (timestamp
+queries, ``cat == "Api"`` events) to ORT's CPU-side node events where the adapter supports them.  The summary
+(GPU ms by op type, the slowest kernels) is printed and, with --profile-out, written as JSON beside the raw
+profile.  The adapter is named first; on a software adapter the times mean nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import pathlib
+import re
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import dmlopt  # noqa: E402
+from dmlopt import bench, runtime  # noqa: E402
+from dmlopt import vulkan as adapter  # noqa: E402
+from dmlopt.tables import format_table  # noqa: E402
+from dmlopt.validate import run as run_model  # noqa: E402
+
+EXPORT = "export fp32"
+
+
+def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
+    got, ref = got.astype(np.float64), ref.astype(np.float64)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def variants(args) -> dict[str, dict]:
+    # fp16_repair off: the repair replays validation many times (minutes on ViT-B); the row says whether the
+    # float16 model as written passes dmlopt's validation.
+    out = {"dmlopt webgpu fp32": {}, "dmlopt webgpu fp16": {"fp16": True, "fp16_repair": False, "validate": args.validate_fp16}}
+    if args.variants:
+        # Explorations, not validated (their rel L2 on the EP is in the table).
+        explore = {
+            "fp32 relpos-bias=fold-pad-v": {"relpos_bias": "fold-pad-v"},
+            "fp32 attention=keep": {"attention": "keep"},
+            "fp16 relpos-bias=fold-pad-v": {"fp16": True, "relpos_bias": "fold-pad-v"},
+            "fp16 keep LayerNorm fp32": {"fp16": True, "fp16_keep_ops": "LayerNormalization,SkipLayerNormalization"},
+            "fp16 keep attention fp32": {"fp16": True, "fp16_keep_ops": "MultiHeadAttention,Softmax"},
+            "fp16 keep Gelu+Add fp32": {"fp16": True, "fp16_keep_ops": "Gelu,Erf,Add"},
+        }
+        for name, options in explore.items():
+            out[f"dmlopt webgpu {name}"] = {**options, "validate": False}
+    return out
+
+
+def build(export, args) -> tuple[dict, dict]:
+    models, notes = {EXPORT: export}, {EXPORT: "-"}
+    for name, options in variants(args).items():
+        t0 = time.perf_counter()
+        result = dmlopt.optimize(export, target="webgpu", retime=False, **options)
+        verdict = ("not validated" if not options.get("validate", True) else
+                   "validated" if result.passed else "REFUSED by validation")
+        fused = sum(1 for n in result.model.graph.all_nodes() if n.op_type == "MultiHeadAttention")
+        notes[name] = f"{verdict}; {fused} MultiHeadAttention; optimize {time.perf_counter() - t0:.0f} s"
+        print(f"{name}: {notes[name]}", flush=True)
+        models[name] = result.model
+        if verdict.startswith("REFUSED"):
+            print(result.report.to_table(), flush=True)
+    return models, notes
+
+
+def gpu_profile(model, feeds, runs: int, raw_out: pathlib.Path | None) -> dict:
+    """GPU kernel ms by op type (the EP's timestamp-query events) and CPU-side node ms, per run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        session = runtime.session(model, "webgpu", profile_dir=tmp)
+        for _ in range(runs + 1):
+            session.run(None, feeds)
+        path = session.end_profiling()
+        events = json.load(open(path))
+        if raw_out:
+            raw_out.write_text(json.dumps(events))
+    gpu = [e for e in events if e.get("cat") == "Api" and "dur" in e]
+    node = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    by_op: dict[str, float] = collections.Counter()
+    by_kernel: dict[str, float] = collections.Counter()
+    for e in gpu:
+        name = e["name"]
+        op = e.get("args", {}).get("op_name") or re.split(r"[&|]", name)[-1]
+        by_op[op] += e["dur"] / 1000.0
+        by_kernel[name] += e["dur"] / 1000.0
+    node_ms = collections.Counter()
+    for e in node:
+        node_ms[e.get("args", {}).get("op_name", "?")] += e["dur"] / 1000.0
+    n = runs + 1
+    return {"gpu_events": len(gpu), "runs": n,
+            "gpu_ms_per_run": sum(by_op.values()) / n,
+            "gpu_ms_by_op": {k: round(v / n, 3) for k, v in by_op.most_common()},
+            "slowest_kernels_ms": {k: round(v / n, 3) for k, v in by_kernel.most_common(25)},
+            "cpu_side_node_ms_by_op": {k: round(v / n, 3) for k, v in node_ms.most_common(25)},
+            "cpu_side_node_ms_per_run": sum(node_ms.values()) / n}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", default=str(ROOT / ".sam_gpu"), help="where ViT-B is exported and reused")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--variants", action="store_true")
+    parser.add_argument("--profile-runs", type=int, default=3)
+    parser.add_argument("--recommended-options", action="store_true",
+                        help="time again with the provider options dmlopt's session file recommends")
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--validate-fp16", action="store_true",
+                        help="validate the fp16 row (on the CPU EP and the WebGPU EP: minutes when it fails)")
+    parser.add_argument("--profile-out", default=None)
+    args = parser.parse_args(argv)
+    runtime.resolve_ep("webgpu")
+    chosen, why = adapter.chosen()
+    ort = runtime.ort()
+    print(f"WebGPU EP: onnxruntime {ort.__version__}, plug-in {runtime.webgpu_host.plugin_version()}, adapter "
+          f"{chosen.line() if chosen else 'unknown (' + why + ')'}", flush=True)
+    refusal = runtime.timing_refusal("webgpu")
+    if refusal:
+        print(f"SOFTWARE ADAPTER: {refusal}. Times below are CPU emulation.")
+    from benchmarks.sam_gpu import export_vit_b
+
+    work = pathlib.Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    export = dmlopt.load(str(export_vit_b(work)))
+    print(f"export ready in {time.perf_counter() - t0:.0f} s", flush=True)
+    models, notes = build(export, args)
+    feeds = runtime.random_inputs(runtime.input_specs(export), 0)
+    reference = next(iter(run_model(export, feeds).values()))
+    result = bench.compare(models, "webgpu", runs=args.runs, warmup=args.warmup, baseline=EXPORT, feeds=feeds)
+    rows = [("model", "median ms", "min-p90 ms", "x export", "rel L2 on EP vs export (CPU EP)", "dmlopt")]
+    for name, model in models.items():
+        m = result["models"][name]
+        got = next(iter(run_model(model, feeds, target="webgpu").values()))
+        lat = m["latency_ms"]
+        rows.append((name, f"{lat['median']:.2f}", f"{lat['min']:.1f}-{lat['p90']:.1f}",
+                     f"{1.0 / m['ratio_median']:.3f}", f"{rel_l2(got, reference):.1e}", notes[name]))
+    print(f"\nSAM ViT-B 1024 on WebGpuExecutionProvider ({chosen.line() if chosen else 'adapter unknown'}): "
+          f"{args.runs} alternating rounds after {args.warmup} warm-up; x export = median of per-round ratios")
+    print(format_table(rows), flush=True)
+    if args.recommended_options:
+        options = {"validationMode": "disabled", "storageBufferCacheMode": "bucket", "powerPreference": "high-performance"}
+        again = bench.compare(models, "webgpu", runs=args.runs, warmup=args.warmup, baseline=EXPORT, feeds=feeds,
+                              provider_options=options)
+        rows = [("model", "median ms", "min-p90 ms", "x export")]
+        for name in models:
+            m, lat = again["models"][name], again["models"][name]["latency_ms"]
+            rows.append((name, f"{lat['median']:.2f}", f"{lat['min']:.1f}-{lat['p90']:.1f}", f"{1.0 / m['ratio_median']:.3f}"))
+        print(f"\nthe same with provider options {options} (every model)")
+        print(format_table(rows), flush=True)
+    out = pathlib.Path(args.profile_out) if args.profile_out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    summaries = {}
+    for i, (name, model) in enumerate(models.items() if not args.no_profile else ()):
+        summary = gpu_profile(model, feeds, args.profile_runs, out / f"profile{i}.json" if out else None)
+        summaries[name] = summary
+        print(f"\nprofile {name}: {summary['gpu_events']} GPU kernel events, GPU {summary['gpu_ms_per_run']:.2f} ms/run, "
+              f"CPU-side node time {summary['cpu_side_node_ms_per_run']:.2f} ms/run")
+        for op, ms in list(summary["gpu_ms_by_op"].items())[:15]:
+            print(f"  {op:40s} {ms:8.3f} ms")
+    if out:
+        (out / "summary.json").write_text(json.dumps({"timing": result, "profiles": summaries}, default=str, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
