@@ -392,12 +392,26 @@ def profile_summary(events: Sequence[Mapping[str, Any]], *, slowest: int = SLOWE
         entry["nodes"] += 1
     total_ms = sum(node_us.values()) / 1000.0
     ranked = sorted(node_us, key=node_us.get, reverse=True)[:slowest]
-    return {"copies": sum(copy_ops.values()), "copy_ops": dict(copy_ops),
+    gpu = _gpu_kernels(events, len(runs))
+    return {**gpu, "copies": sum(copy_ops.values()), "copy_ops": dict(copy_ops),
             "nodes_by_provider": dict(providers), "cpu_ops": dict(cpu_ops.most_common()),
             "profiled_runs": len(warm), "kernel_ms": total_ms,
             "op_time_ms": dict(sorted(by_op.items(), key=lambda kv: kv[1]["ms"], reverse=True)),
             "slowest_nodes": [{"node": n, "op": node_info[n][0], "provider": node_info[n][1],
                                "ms": node_us[n] / 1000.0} for n in ranked]}
+
+
+def _gpu_kernels(events: Sequence[Mapping[str, Any]], runs: int) -> dict[str, Any]:
+    """GPU kernel times where the EP adds them to ORT's profile (the WebGPU EP's timestamp queries: ``Api``
+    events named after the node and the shader program), per profiled run; empty where there are none."""
+    gpu = [e for e in events if e.get("cat") == "Api" and isinstance(e.get("dur"), (int, float))]
+    if not gpu:
+        return {}
+    by_kernel: collections.Counter = collections.Counter()
+    for e in gpu:
+        by_kernel[str(e.get("name", "?"))] += float(e["dur"]) / 1000.0 / max(runs, 1)
+    return {"gpu_kernel_ms": sum(by_kernel.values()), "gpu_runs": runs,
+            "gpu_kernels": [{"kernel": k, "ms": ms} for k, ms in by_kernel.most_common(SLOWEST)]}
 
 
 def profile_table(profile: Mapping[str, Any] | None, provider: str, *, top_ops: int = 15) -> str:
@@ -420,6 +434,15 @@ def profile_table(profile: Mapping[str, Any] | None, provider: str, *, top_ops: 
     if provider == "CUDAExecutionProvider" and os.environ.get("CUDA_LAUNCH_BLOCKING") != "1":
         text += ("\nnote: the CUDA EP launches kernels asynchronously: these times are launches, not kernels; "
                  "run with CUDA_LAUNCH_BLOCKING=1 to have each node's time include its kernel")
+    if profile.get("gpu_kernels"):
+        rows = [("GPU kernel", "ms")] + [(k["kernel"][:70], f"{k['ms']:.3f}") for k in profile["gpu_kernels"]]
+        text += (f"\nGPU kernel time (the EP's timestamp queries, per run of {profile['gpu_runs']}): "
+                 f"{profile['gpu_kernel_ms']:.3f} ms\n" + format_table(rows))
+    elif provider == "WebGpuExecutionProvider":
+        text += ("\nnote: the WebGPU EP records each node into a command buffer and the GPU runs it later: the node "
+                 "times above are CPU-side dispatch times (a node that waits on the GPU, e.g. for a buffer, shows the "
+                 "wait), not GPU time; this ONNX Runtime and plug-in gave no GPU timestamps (seen with plug-in 0.4.0 "
+                 "on an H100). Compare whole models with bench --compare for GPU cost")
     return text
 
 

@@ -91,6 +91,21 @@ def test_profile_table_names_op_types_nodes_and_the_cuda_launch_caveat(monkeypat
     assert "none taken" in bench.profile_table(None, "CPUExecutionProvider")
 
 
+def test_webgpu_profile_reads_gpu_timestamps_where_the_ep_gives_them_and_says_so_where_not():
+    """Issue 30: the WebGPU EP's node times are CPU-side dispatch; its GPU times come as ``Api`` events."""
+    events = timed_runs([{"mm": ("MatMul", 2000)}, {"mm": ("MatMul", 1000)}])
+    plain = bench.profile_table(bench.profile_summary(events), "WebGpuExecutionProvider")
+    assert "CPU-side dispatch times" in plain and "GPU kernel time" not in plain
+    gpu = [{"cat": "Api", "name": "mm&MatMulProgram", "ts": 1, "dur": 3000},
+           {"cat": "Api", "name": "mm&MatMulProgram", "ts": 9, "dur": 1000},
+           {"cat": "Api", "name": "sm&SoftmaxProgram", "ts": 5, "dur": 400}]
+    s = bench.profile_summary(events + gpu)
+    assert s["gpu_kernel_ms"] == pytest.approx(2.2) and s["gpu_runs"] == 2
+    assert [k["kernel"] for k in s["gpu_kernels"]] == ["mm&MatMulProgram", "sm&SoftmaxProgram"]
+    text = bench.profile_table(s, "WebGpuExecutionProvider")
+    assert "GPU kernel time" in text and "2.200 ms" in text and "CPU-side dispatch" not in text
+
+
 def test_cuda_graph_needs_static_output_shapes():
     path = importlib.resources.files("dmlopt.data") / "sam_small_dynamic.onnx"  # a dynamic batch axis
     session = runtime.session(ir.load(str(path)), "cpu")
