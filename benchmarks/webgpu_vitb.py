@@ -59,6 +59,9 @@ def variants(args) -> dict[str, dict]:
             "fp16 keep LayerNorm fp32": {"fp16": True, "fp16_keep_ops": "LayerNormalization,SkipLayerNormalization"},
             "fp16 keep attention fp32": {"fp16": True, "fp16_keep_ops": "MultiHeadAttention,Softmax"},
             "fp16 keep Gelu+Add fp32": {"fp16": True, "fp16_keep_ops": "Gelu,Erf,Add"},
+            "fp16 keep reductions fp32": {"fp16": True, "fp16_keep_ops": "ReduceMean,Pow,Sqrt,Div"},
+            "fp16 keep norms+reductions fp32": {"fp16": True, "fp16_keep_ops": "LayerNormalization,"
+                                                "SkipLayerNormalization,ReduceMean,Pow,Sqrt,Div"},
         }
         for name, options in explore.items():
             out[f"dmlopt webgpu {name}"] = {**options, "validate": False}
