@@ -214,8 +214,9 @@ def build_parser() -> Parser:
     p.add_argument("--force", action="store_true", help="write the output even if validation fails (the report says so)")
     p.add_argument("--tune", action="store_true", help="measure pass variants on the target provider (must be present)")
     p.add_argument("--inputs", metavar="FILE.npz", help="inputs for validation instead of seeded random ones")
-    p.add_argument("--atol", type=arg_types.tolerance, help="absolute tolerance for validation (default by dtype)")
-    p.add_argument("--rtol", type=arg_types.tolerance, help="tolerance relative to the output's magnitude (default by dtype)")
+    p.add_argument("--atol", type=arg_types.tolerance, help="absolute error to ignore in validation (default 0)")
+    p.add_argument("--rtol", type=arg_types.tolerance, help="relative L2 error allowed per output; the worst element may be off 10x this of the "
+                   "reference's range (default by dtype: float32 1e-4, float16 1e-2)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines and the written paths")
     _add_session_config_args(p)
@@ -244,13 +245,15 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("validate", help="compare two models' outputs on ORT's CPU EP",
                        description="Run REF and CAND on the same seeded random inputs (or --inputs) and compare "
-                                   "every output: max abs error, max relative error, cosine. Exit 1 on mismatch.")
+                                   "every output against the reference's own scale: relative L2 error, max abs over the "
+                                   "reference's range, cosine (README: Validation rule). Exit 1 on mismatch.")
     p.add_argument("ref")
     p.add_argument("cand")
     _add_shape_args(p)
     p.add_argument("--inputs", metavar="FILE.npz")
-    p.add_argument("--atol", type=arg_types.tolerance)
-    p.add_argument("--rtol", type=arg_types.tolerance)
+    p.add_argument("--atol", type=arg_types.tolerance, help="absolute error to ignore (default 0)")
+    p.add_argument("--rtol", type=arg_types.tolerance,
+                   help="relative L2 error allowed per output (default by dtype: float32 1e-4, float16 1e-2)")
     p.add_argument("--seed", type=arg_types.integer(0, arg_types.SEED_MAX), default=0)
     p.add_argument("--allow-nonfinite", action="store_true",
                    help="an output with no finite value passes if both hold the same NaN/inf in the same places")
