@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt import bench, fp16_repair, input_sizes, runtime, session_config
+from dmlopt import bench, fp16_repair, runtime, session_config
 from dmlopt import report as report_mod
 from dmlopt import tune as tuning
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
@@ -312,17 +312,24 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
         ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,
                                   free_dims=context.dims)
     cfg = session_config.recommend(work, context.target, readiness=readiness,
-                                   ep_tuning=ep_tuning, dims=_validated_dims(work, context),
+                                   ep_tuning=ep_tuning, dims=_user_dims(work, context),
                                    precision=context.precision)
     rep.session_config = {"config": cfg, "path": None, "snippet": None}
 
 
-def _validated_dims(model: ir.Model, context: PassContext) -> dict[str, int]:
-    """The named dims' sizes validation and timing used (the user's, else dmlopt.input_sizes')."""
-    try:
-        return {**input_sizes.choose(model, context.shapes, context.dims).dims, **context.dims}
-    except DmlOptError:  # a dim nothing sizes (--no-validate): the user's only
-        return dict(context.dims)
+def _user_dims(model: ir.Model, context: PassContext) -> dict[str, int]:
+    """The named dims the user fixed: --dim, and the dims --shape gives a size (by position in
+    `model`'s inputs).  The session file pins these only (session_config.recommend)."""
+    found = {}
+    for value in model.graph.inputs:
+        shape = (context.shapes or {}).get(value.name)
+        if shape is None or value.shape is None or len(shape) != len(value.shape.dims):
+            continue
+        for dim, size in zip(value.shape.dims, shape):
+            name = getattr(dim, "value", None) if not isinstance(dim, int) else None
+            if name:
+                found[name] = int(size)
+    return {**found, **(context.dims or {})}
 
 
 class PassRunner:
