@@ -234,9 +234,12 @@ def test_the_timing_line_names_the_shapes_timed_and_its_spread(tmp_path):
     assert "with x 1x3x8x8" in line and "alternating pairs" in line and "p10-p90" in line
 
 
-def test_session_overrides_are_the_sizes_validated():
+def test_session_leaves_free_the_sizes_dmlopt_chose_to_validate_with():
+    """Issue 31: pinned at 32x32, the session refused the user's 640x640 image."""
     rep = dmlopt.optimize(ir.from_proto(shape_models.unet()), target="dml").report
-    assert rep.session_config["config"]["free_dimension_overrides"] == {"batch": 1, "height": 32, "width": 32}
+    cfg = rep.session_config["config"]
+    assert cfg["free_dimension_overrides"] == {}
+    assert {f"free_dimension_overrides.{d}" for d in ("batch", "height", "width")} <= set(cfg["not_set"])
     assert rep.validation["inputs"] == {"image": [1, 3, 32, 32]}
 
 
