@@ -578,7 +578,8 @@ def cmd_validate(args) -> int:
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
     check_input(cand, args.cand)
     v = validate(ref, cand, shapes=shapes, dims=dims, inputs=inputs, atol=args.atol, rtol=args.rtol, seed=args.seed,
-                 ep="cpu" if args.ep == "dml" else runtime.resolve_ep(args.ep), allow_nonfinite=args.allow_nonfinite)
+                 ep="cpu" if args.ep == "dml" else runtime.resolve_ep(args.ep), allow_nonfinite=args.allow_nonfinite,
+                 progress=_progress(args))
     # the table with output names escaped (a name must not forge a line); the JSON keeps them
     shown = dataclasses.replace(v, outputs=[dataclasses.replace(o, name=printable(o.name)) for o in v.outputs])
     if real is None:

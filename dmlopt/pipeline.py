@@ -220,10 +220,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     out = Result(work, rep)
     atol, rtol = tuning.validation_tolerances(context.precision, atol, rtol)
     if validate:
-        if progress:
-            progress("validate")
         v = run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
-                           atol=atol, rtol=rtol)
+                           atol=atol, rtol=rtol, progress=progress)
         rep.validation = v.to_dict()
         if not v.passed and before_fp16 is not None:
             out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,

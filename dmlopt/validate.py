@@ -174,17 +174,20 @@ def _close(name: str, candidates) -> str:
 def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]] | None = None,
              dims: Mapping[str, int] | None = None, inputs=None, atol: float | None = None,
              rtol: float | None = None, seed: int = 0, ep: str = "cpu",
-             allow_nonfinite: bool = False) -> Validation:
+             allow_nonfinite: bool = False, progress=None) -> Validation:
     """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output
     (`compare`; `allow_nonfinite`: outputs with no finite value may pass, see there).
     `ep`: the provider CAND runs on (REF stays on the CPU EP, the reference): a kernel of that EP
-    that computes differently shows as a mismatch (WebGPU's MultiHeadAttention on lavapipe)."""
+    that computes differently shows as a mismatch (WebGPU's MultiHeadAttention on lavapipe).
+    `progress` (a step callback) gets the shapes, and why, before the models run."""
     tolerances(np.dtype(np.float32), atol, rtol)  # bad tolerances refused before any work
     ref_model, cand_model = load(ref), load(cand)
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
     basis: list[str] = []
     feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed, basis=basis)
+    if progress:
+        progress(f"validate on {shapes_text({k: list(v.shape) for k, v in feeds.items()}, basis)}")
     try:
         ref_out = run(ref_model, feeds)
         cand_out = run(cand_model, feeds, ep)

@@ -291,3 +291,66 @@ def test_bench_compare_of_identical_files_times_nothing(cli, tmp_path):
     a, b = _save(tmp_path, conv_leaky_model(), "a.onnx"), _save(tmp_path, conv_leaky_model(), "b.onnx")
     r = cli("bench", a, "--compare", b, "--ep", "cpu")
     assert r.code == 0 and r.out.startswith("identical models:") and "ratio" not in r.out
+
+
+# -- issue 31 item 2: image sizes that are right, within a budget, said before the work -----------
+
+def test_total_stride_is_the_product_along_a_path_not_over_every_branch():
+    """A Segformer's spatial-reduction Convs made later stages look coarser (2048 on the real one),
+    Depth Anything's patch-14 with an x4 upsampling branch gave 84."""
+    assert input_sizes.total_stride(ir.from_proto(shape_models.segformer())) == 32
+    assert input_sizes.total_stride(ir.from_proto(shape_models.dpt_head())) == 28
+    v = dmlopt.validate(shape_models.segformer(), shape_models.segformer())
+    assert v.passed and v.inputs == {"image": [1, 3, 32, 32]}
+
+
+def _position_table_model(table: int, patch: int = 16) -> onnx.ModelProto:
+    """A patch embedding added to a static table of table x table positions: only H = W =
+    table * patch fits the graph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, patch, patch)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros((1, 8, table, table), np.float32), "pos")]
+    nodes = [helper.make_node("Conv", ["image", "w"], ["t"], strides=[patch, patch]),
+             helper.make_node("Add", ["t", "pos"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                                         [1, 3, "height", "width"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_image_sizes_are_capped_and_within_a_memory_budget(monkeypatch):
+    """dmlopt sizes image dims itself up to 1024 px and 1 GiB of estimated activations; beyond, one
+    line naming the size it would need and the --dim to give."""
+    fits = input_sizes.choose(ir.from_proto(_position_table_model(32)))  # 512 px: under the cap
+    assert fits.shapes == {"image": [1, 3, 512, 512]}
+    with pytest.raises(input_sizes.FreeDims, match=r"up to 1024 px.*--dim height=N --dim width=N"):
+        input_sizes.choose(ir.from_proto(_position_table_model(128)))  # only 2048 px fits
+    peak = input_sizes.activation_peak(
+        onnx.shape_inference.infer_shapes(_sized(shape_models.segformer(), 512)), ["image"])
+    assert 16 << 20 <= peak < 64 << 20  # the 16 MiB score matrix of stage 1 at 512 px, and little more
+    monkeypatch.setattr(input_sizes, "MEMORY_BUDGET", 2 << 20)
+    with pytest.raises(input_sizes.FreeDims, match=r"512, needs ~\d+ MiB of activations \(estimated\), over the 2 MiB"):
+        input_sizes.choose(ir.from_proto(_position_table_model(32)))
+
+
+def _sized(proto: onnx.ModelProto, size: int) -> onnx.ModelProto:
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    for dim, value in zip(dims, (1, 3, size, size)):
+        dim.Clear()
+        dim.dim_value = value
+    return proto
+
+
+def test_the_sizes_are_said_before_the_models_run():
+    said = []
+
+    def progress(step):
+        said.append(step)
+
+    v = dmlopt.validate(shape_models.unet(), shape_models.unet(), progress=progress)
+    assert v.passed and said == ["validate on image 1x3x32x32 (batch=1 (axis 0, the batch); height,width=32 "
+                                 "(image dims: the smallest multiple of the total stride 4 from 32 that fits the "
+                                 "graph's static shapes))"]
