@@ -168,8 +168,9 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
 
 def _add_dml_host_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dml-host", metavar="DIR",
-                   help=f"the real DirectML EP under Wine: a folder made by ../shared/dml-wine/setup.sh (default: "
-                        f"${dml_host.ENV_VAR}); not needed on Windows with onnxruntime-directml")
+                   help=f"a DirectML host: a folder with Wine and ONNX Runtime's DirectML builds, made by "
+                        f"{dml_host.SETUP} (default: ${dml_host.ENV_VAR}); not needed on Windows with "
+                        "onnxruntime-directml")
 
 
 def _shapes(args) -> tuple[dict, dict]:
@@ -419,13 +420,11 @@ def cmd_optimize(args) -> int:
             report_mod.write(rep, args.report)
     print(rep.to_json() if args.json else "\n".join(map(printable, rep.verdict())) if args.quiet else rep.to_table())
     if not ok:
-        where = f" (first failing pass: {rep.broken_by})" if rep.broken_by else ""
         if args.force:
-            print(f"dmlopt: warning: validation FAILED{where}; output written anyway because of --force",
+            print(f"dmlopt: warning: validation FAILED: {rep.failure()}; output written anyway because of --force",
                   file=sys.stderr)
         else:
-            print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
-                  f"(--force writes it anyway)", file=sys.stderr)
+            print(f"dmlopt: error: {rep.failure()}; nothing was written (--force writes it anyway)", file=sys.stderr)
         return EXIT_CHECK
     print(f"wrote {printable(output)}{_session_config_written(rep)}"
           + (f" and the float32 sibling {printable(sibling_path)}" if sibling is not None else ""), file=sys.stderr)
@@ -484,7 +483,7 @@ def _add_calibrate_parser(sub) -> None:
                                    "once, and compare where ORT put each node, the copies and the compiled "
                                    "partitions with dmlopt's placement table for that ORT version. Needs "
                                    "onnxruntime-directml (Windows) or a DirectML host (--dml-host DIR, made by "
-                                   "../shared/dml-wine/setup.sh); without either it exits 2.")
+                                   f"{dml_host.SETUP}); without either it exits 2.")
     p.add_argument("model")
     p.add_argument("--ort-version", default="auto",
                    help="placement table to compare with (default auto: the onnxruntime installed here; with a "

@@ -223,7 +223,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         v = run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
                            atol=atol, rtol=rtol, progress=progress)
         rep.validation = v.to_dict()
-        if not v.passed and before_fp16 is not None:
+        if not v.passed and before_fp16 is not None and not v.reference_nonfinite:
             out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
         if out.passed and on_ep:
@@ -241,7 +241,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         if out.passed and target == "dml":
             rep.real_ep = _validate_real(original, out.model, real, context, inputs, rep.validation, progress,
                                          ort_version)
-        if not out.passed:
+        if not out.passed and not v.reference_nonfinite:  # no finite reference: the inputs' fault, no pass's
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
     rep.not_timed = ("validation failed" if not out.passed else "--no-time" if retime is False
@@ -408,13 +408,17 @@ def _repair_fp16(original, work, start, at, run, only, rep, check, progress) -> 
 
 def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep: bool = False) -> str | None:
     """Replay the passes one by one, validating after each: the first failure is the culprit.
+    A pass that changed nothing is never blamed (nor any pass when none changed the model).
     `on_ep`: validated on the WebGPU EP (dmlopt.targets.webgpu.validation), where the CPU EP saw none."""
     work = original.clone()
     for cls in pass_classes:
         p = cls(context)
         if not explicit and not p.enabled():
             continue
-        work = p(work).model
+        result = p(work)
+        work = result.model
+        if not result.modified:
+            continue
         try:
             if on_ep:
                 if not webgpu_validation.on_ep(original, work, shapes=context.shapes, dims=context.dims,
@@ -430,5 +434,4 @@ def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep
 
 def require_valid(result: Result) -> None:
     if not result.passed:
-        culprit = f" (first failing pass: {result.report.broken_by})" if result.report.broken_by else ""
-        raise CheckFailed(f"the optimized model does not match the original{culprit}")
+        raise CheckFailed(result.report.failure())

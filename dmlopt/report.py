@@ -124,6 +124,15 @@ class Report:
         d = {"verdict": self.verdict(), "dmlopt_version": __version__, **d}
         return d
 
+    def failure(self) -> str:
+        """Why the output was refused, in one sentence: the input model's own non-finite outputs,
+        else the mismatch and the first pass that changed and broke it."""
+        v = self.validation or {}
+        if v.get("reference_nonfinite") and not v.get("cpu_passed", v.get("passed")):
+            return f"numerics not comparable: {_no_finite_reference(v)}"
+        culprit = f" (first failing pass: {self.broken_by})" if self.broken_by else ""
+        return f"the optimized model does not match the original{culprit}"
+
     def verdict(self) -> list[str]:
         """What the user came for, one line each: DirectML placement before -> after, numerics with
         the shapes used, timing (or why none)."""
@@ -148,7 +157,8 @@ class Report:
             worst = max((o.get("rel_l2", o["max_rel"]) for o in v["outputs"]), default=0.0)
             blame = f" (first failing pass: {self.broken_by})" if self.broken_by else ""
             cpu_passed = v.get("cpu_passed", v["passed"])
-            state = f"match (max relative L2 error {worst:.2g})" if cpu_passed else "DIFFER" + blame
+            state = (f"match (max relative L2 error {worst:.2g})" if cpu_passed else
+                     f"not comparable: {_no_finite_reference(v)}" if v.get("reference_nonfinite") else "DIFFER" + blame)
             lines.append(f"numerics (ORT CPU EP): {state} on {where}")
             on_ep = v.get("webgpu")
             if on_ep is not None:  # the optimized model on the WebGPU EP itself (dmlopt.targets.webgpu.validation)
@@ -292,6 +302,12 @@ def _fp16_repair_text(r: dict[str, Any]) -> str:
     if r.get("note"):
         lines.append(r["note"])
     return "\n".join(lines)
+
+
+def _no_finite_reference(v: dict[str, Any]) -> str:
+    names = ", ".join(f"'{printable(n)}'" for n in v["reference_nonfinite"])
+    return (f"the input model computes no finite values on these inputs (output {names} all NaN/inf); validate "
+            "on real data with --inputs FILE.npz")
 
 
 def _validation_table(v: dict[str, Any]) -> str:

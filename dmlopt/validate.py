@@ -81,6 +81,9 @@ class Validation:
     inputs: dict[str, list[int]]
     seed: int | None
     basis: list[str] = dataclasses.field(default_factory=list)
+    # outputs the reference (the input model) computes without a single finite value on these
+    # inputs: a failure there is the inputs', not a rewrite's
+    reference_nonfinite: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -88,7 +91,7 @@ class Validation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "inputs": self.inputs, "input_basis": self.basis, "seed": self.seed,
-                "outputs": [o.to_dict() for o in self.outputs]}
+                "reference_nonfinite": self.reference_nonfinite, "outputs": [o.to_dict() for o in self.outputs]}
 
     def to_table(self) -> str:
         verdict = "numerics: " + ("match" if self.passed else "DIFFER") + f" on {shapes_text(self.inputs, self.basis)}"
@@ -182,6 +185,7 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
     `progress` (a step callback) gets the shapes, and why, before the models run."""
     tolerances(np.dtype(np.float32), atol, rtol)  # bad tolerances refused before any work
     ref_model, cand_model = load(ref), load(cand)
+    _check_same_inputs(ref_model, cand_model)
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
     basis: list[str] = []
@@ -199,7 +203,29 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
                          "--dim)") from e
     checks = [compare(name, ref_out[name], cand_out.get(name), atol, rtol, allow_nonfinite=allow_nonfinite)
               for name in ref_out]
-    return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed, basis)
+    nonfinite = [name for name, value in ref_out.items() if _no_finite_value(value)]
+    return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed, basis,
+                      nonfinite)
+
+
+def _no_finite_value(value) -> bool:
+    """A float output with elements, none of them finite (all NaN or infinite)."""
+    if isinstance(value, (list, tuple, dict)):
+        return False
+    value = np.asarray(value)
+    return value.dtype.kind == "f" and value.size > 0 and not np.isfinite(value).any()
+
+
+def _check_same_inputs(ref: ir.Model, cand: ir.Model) -> None:
+    """CAND's inputs must be REF's (by name; REF may take more): else the names that differ, before
+    ORT says only "missing from input feed"."""
+    ref_names = [v.name for v in input_sizes.runtime_inputs(ref)]
+    extra = [v.name for v in input_sizes.runtime_inputs(cand) if v.name not in ref_names]
+    if extra:
+        shown = ", ".join(f"'{printable(n, CELL_WIDTH)}'{_close(n, ref_names)}" for n in extra)
+        raise UsageError(f"CAND takes inputs REF does not: {shown} (REF takes "
+                         f"{', '.join(repr(printable(n, CELL_WIDTH)) for n in ref_names) or 'none'}); both "
+                         "models must take the same inputs")
 
 
 def run(model, feeds: Mapping[str, np.ndarray], target: str = "cpu") -> dict[str, np.ndarray]:

@@ -354,3 +354,37 @@ def test_the_sizes_are_said_before_the_models_run():
     assert v.passed and said == ["validate on image 1x3x32x32 (batch=1 (axis 0, the batch); height,width=32 "
                                  "(image dims: the smallest multiple of the total stride 4 from 32 that fits the "
                                  "graph's static shapes))"]
+
+
+# -- issue 31 item 5: messages that say what happened ----------------------------------------------
+
+def test_an_input_model_without_finite_outputs_is_said_so_and_no_pass_is_blamed(cli, tmp_path):
+    """It was "does not match the original (first failing pass: cleanup)"."""
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 8] x) => (float[1, 8] y) {
+            a = Abs(x)
+            n = Neg(a)
+            m1 = Constant <value = float[1] {1.0}> ()
+            s = Sub(n, m1)
+            r = Sqrt(s)
+            y = Identity(r)
+        }'''), "nan.onnx")
+    r = cli("optimize", path, "-o", tmp_path / "out.onnx", "--target", "cpu")
+    assert r.code == 1 and not (tmp_path / "out.onnx").exists()
+    assert "the input model computes no finite values on these inputs (output 'y' all NaN/inf)" in r.err
+    assert "first failing pass" not in r.err + r.out and "not comparable" in r.out
+    rep = dmlopt.optimize(path, target="cpu", retime=False).report
+    assert rep.broken_by is None and rep.validation["reference_nonfinite"] == ["y"]
+
+
+def test_validate_names_the_inputs_two_models_do_not_share(cli, tmp_path):
+    """It was ORT's "missing from input feed"."""
+    ref = _save(tmp_path, conv_leaky_model(), "ref.onnx")
+    other = conv_leaky_model()
+    other.graph.input[0].name = "image"
+    for node in other.graph.node:
+        node.input[:] = ["image" if i == "x" else i for i in node.input]
+    cand = _save(tmp_path, other, "cand.onnx")
+    r = cli("validate", ref, cand)
+    assert r.code == 2 and r.out == "" and len(r.err.strip().splitlines()) == 1
+    assert "CAND takes inputs REF does not: 'image' (REF takes 'x')" in r.err and "input feed" not in r.err
