@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from dmlopt import input_sizes, limits, scratch
 from dmlopt.errors import InputError, ProviderError
-from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
+from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers, weightless_proto
 from dmlopt import vulkan as webgpu_adapter
 from dmlopt.targets.webgpu import host as webgpu_host
 
@@ -412,6 +412,22 @@ def _random_array(rng: np.random.Generator, shape: list[int], dtype: np.dtype) -
         stop = min(start + RANDOM_CHUNK, flat.size)
         flat[start:stop] = rng.standard_normal(stop - start, dtype=np.float32)
     return out
+
+
+def load_problem(model: ir.Model) -> str | None:
+    """Why ONNX Runtime (this build, CPU EP: every provider falls back to it) cannot load `model`,
+    whole, or None: a node no provider implements (a custom domain's op) is a load failure, not a
+    DirectML fallback.  The weights are left out (large ones become inputs), so this is cheap."""
+    rt = ort()
+    so = rt.SessionOptions()
+    so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    try:
+        rt.InferenceSession(weightless_proto(model).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises several types
+        text = " ".join(str(e).split())
+        return re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", text) or type(e).__name__
+    return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -388,3 +388,20 @@ def test_validate_names_the_inputs_two_models_do_not_share(cli, tmp_path):
     r = cli("validate", ref, cand)
     assert r.code == 2 and r.out == "" and len(r.err.strip().splitlines()) == 1
     assert "CAND takes inputs REF does not: 'image' (REF takes 'x')" in r.err and "input feed" not in r.err
+
+
+def test_inspect_says_onnx_runtime_cannot_load_an_op_no_runtime_implements(cli, tmp_path):
+    """It called the node a DirectML fallback and never said ORT cannot load the model."""
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17, "custom.x" : 1]>
+        g (float[1, 8] x) => (float[1, 8] y) {
+            a = Relu(x)
+            y = custom.x.Frobnicate(a)
+        }'''), "custom.onnx")
+    r = cli("inspect", path, "--ep", "dml")
+    assert r.code == 0  # described (a custom-op library may register it where it is deployed), and said first:
+    first = r.out.splitlines()[0]
+    assert first.startswith("ONNX Runtime ") and "cannot load this model (not a DirectML fallback" in first
+    assert first.endswith("custom.x:Frobnicate(-1) is not a registered function/op")  # ORT's sentence whole
+    assert json.loads(cli("inspect", path, "--json").out)["ort_cannot_load"]
+    assert json.loads(cli("inspect", _save(tmp_path, conv_leaky_model(), "ok.onnx"), "--json").out)[
+        "ort_cannot_load"] is None
