@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import input_sizes, runtime
+from dmlopt import input_sizes, input_values, runtime
 from dmlopt.errors import CELL_WIDTH, TEXT_WIDTH, InputError, UsageError, printable
 from dmlopt.inputs_file import read_npz
 from dmlopt.model import ModelLike, load
@@ -135,10 +135,12 @@ def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *,
-                basis: list[str] | None = None) -> dict[str, np.ndarray]:
+                basis: list[str] | None = None, unread: list[str] | None = None) -> dict[str, np.ndarray]:
     """Inputs both models accept: given ones, else seeded random ones of sizes that exercise the
     model (dmlopt.input_sizes: the candidate's static dims first, so a shape-fixed output and its
     dynamic original run the same inputs).  `basis` gets where each chosen size came from.
+    Inputs the graph uses as sizes, axes, indices or divisors get values valid there
+    (dmlopt.input_values; noted in `basis`); `unread` gets the integer inputs left random.
 
     Arrays of the file that are not inputs (an .npz that also holds reference outputs) are left out."""
     if isinstance(inputs, (str, os.PathLike)):
@@ -152,6 +154,12 @@ def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *
     shapes = {**_fully_static(cand, names), **(shapes or {}), **{k: list(v.shape) for k, v in given.items()}}
     specs = runtime.input_specs(ref, shapes, dims, fixed=input_sizes.static_dims(cand), basis=basis)
     feeds = runtime.random_inputs({k: v for k, v in specs.items() if k not in given}, seed)
+    chosen, notes, random = input_values.meaningful(ref, feeds, seed)
+    feeds.update(chosen)
+    if basis is not None:
+        basis.extend(notes)
+    if unread is not None:
+        unread.extend(random)
     feeds.update(given)
     return feeds
 
@@ -189,13 +197,19 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
     basis: list[str] = []
-    feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed, basis=basis)
+    unread: list[str] = []
+    feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed, basis=basis, unread=unread)
     if progress:
         progress(f"validate on {shapes_text({k: list(v.shape) for k, v in feeds.items()}, basis)}")
     try:
         ref_out = run(ref_model, feeds)
         cand_out = run(cand_model, feeds, ep)
     except InputError as e:
+        if unread:  # the likelier cause: values nothing in the graph told dmlopt how to choose
+            names = ", ".join(f"'{printable(n, CELL_WIDTH)}'" for n in unread)
+            raise InputError(f"{e} (the integer input(s) {names} got dmlopt's own random values 0/1: the graph does "
+                             "not show what they hold; give real values with --inputs FILE.npz, or inputs= in "
+                             "the API)") from e
         if not basis:
             raise
         used = shapes_text({k: list(v.shape) for k, v in feeds.items()}, basis)
@@ -471,10 +485,14 @@ def _judge(name: str, ref: np.ndarray, cand: np.ndarray, s: _Stats, a: float, r:
         used["max abs/range"] = math.inf
     rule = max(used, key=lambda k: used[k])
     passed = used[rule] <= 1.0
+    if ref.dtype.kind != "f" and a == 0 and r == 0:  # integers, booleans: equal or not
+        rule = "exact"
     if passed:
         reason = ""
     elif rule == "rel L2":
         reason = f"rel L2 {rel_l2:.3g} > {r:g}" + (" (+atol)" if a else "")
+    elif rule == "exact":
+        reason = f"values differ (max abs {s.max_abs:.3g}; {ref.dtype} is compared exactly)"
     else:
         reason = f"max abs {s.max_abs:.3g} > {max_limit:.3g} ({WORST_ELEMENT_FACTOR:g}*rtol*range{'+atol' if a else ''})"
     return OutputCheck(name, str(ref.dtype), list(ref.shape), s.max_abs, max_rel, float(cosine), a, r, passed,

@@ -405,3 +405,47 @@ def test_inspect_says_onnx_runtime_cannot_load_an_op_no_runtime_implements(cli, 
     assert json.loads(cli("inspect", path, "--json").out)["ort_cannot_load"]
     assert json.loads(cli("inspect", _save(tmp_path, conv_leaky_model(), "ok.onnx"), "--json").out)[
         "ort_cannot_load"] is None
+
+
+# -- issue 31 item 6: validation values that fit how the graph uses an input -----------------------
+
+def test_inputs_used_as_sizes_indices_and_divisors_get_values_that_fit(cli, tmp_path):
+    """Random 0/1 integers made ONNX Runtime fail ("ONNX Runtime failed to run the model")."""
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x, int64[3] shape, int64[1] start, int64[1] d, int64[1] k) => (float[a, b, c] y,
+           int64[1] q, float[e] z) {
+            y = Reshape(x, shape)
+            t = Constant <value = int64[1] {7}> ()
+            q = Div(t, d)
+            f = Flatten <axis = 0> (x)
+            f1 = Squeeze(f)
+            z = Slice(f1, start, k)
+        }'''), "roles.onnx")
+    r = cli("validate", path, path)
+    assert r.code == 0, r.err
+    assert "shape: [0,0,-1] (a Reshape's shape, from the graph)" in r.out and "d: [" in r.out
+    v = dmlopt.validate(path, path)
+    assert v.passed and any("a Slice's ends" in b for b in v.basis)
+
+
+def test_an_integer_input_the_graph_does_not_explain_is_named_with_the_way_out(cli, tmp_path):
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[8] x, int64[2] parts) => (float[a] y, float[b] z) {
+            y, z = Split <axis = 0> (x, parts)
+        }'''), "split.onnx")
+    r = cli("validate", path, path)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
+    assert "'parts' got dmlopt's own random values 0/1" in r.err
+    assert "--inputs FILE.npz" in r.err and "inputs= in the API" in r.err
+
+
+def test_a_zero_sized_dim_given_as_the_model_declares_it_is_accepted(cli, tmp_path):
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[0, 4] e, float[N, 4] x) => (float[M, 4] y) {
+            y = Concat <axis = 0> (e, x)
+        }'''), "zero.onnx")
+    r = cli("validate", path, path, "--shape", "e:0,4", "--shape", "x:2,4")
+    assert r.code == 0 and "e 0x4, x 2x4" in r.out, r.err
+    assert dmlopt.validate(path, path, shapes={"e": [0, 4]}).passed
+    refused = cli("validate", path, path, "--shape", "x:0,4")
+    assert refused.code == 2 and "0 only where the model declares 0" in refused.err
