@@ -34,7 +34,7 @@ from dmlopt.jsontext import json_text
 from dmlopt.model import check_destination, check_input, load, protected_paths, save
 from dmlopt.passes import all_passes
 from dmlopt.pipeline import optimize, pass_options
-from dmlopt.progress import Steps, is_terminal
+from dmlopt.progress import Steps, is_terminal, ticking
 from dmlopt.shapes import parse_dim, parse_shape
 from dmlopt.validate import validate
 from dmlopt.tables import format_table
@@ -617,6 +617,8 @@ def cmd_bench(args) -> int:
         return EXIT_OK
     if args.ep == "dml" and (dml_host.configured(args.dml_host) or not runtime.has_target("dml")):
         return _bench_real_dml(args, shapes, dims)
+    if args.ep == "auto" and dml_host.configured(args.dml_host) and not runtime.has_target("dml"):
+        return _bench_real_dml(args, shapes, dims)  # the DirectML host configured here is where DirectML runs
     if args.dml_host or args.ort_version:
         raise UsageError("--dml-host and --ort-version run the real DirectML EP under Wine: add --ep dml")
     target = runtime.resolve_ep(args.ep)
@@ -664,7 +666,10 @@ def _bench_real_dml(args, shapes, dims) -> int:
     if refused:
         raise UsageError(f"{refused[0]} is not available with the DirectML host under Wine (one model per "
                          "process; its times are software rendering, no basis for comparing or tuning)")
-    out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims)
+    with ticking(_progress(args), f"bench {printable(os.path.basename(args.model))} on the real DirectML EP "
+                                  f"(ORT {ep.version}, {args.warmup} warm-up + {args.runs} runs, one host process)"):
+        out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes,
+                                 dims=dims)
     print(json_text(out) if args.json else real_ep.time_table(printable_tree(out)))
     return EXIT_OK
 

@@ -21,6 +21,7 @@ import onnx_ir.passes.common as common_passes
 from dmlopt import bench, fp16_repair, runtime, session_config
 from dmlopt import report as report_mod
 from dmlopt import tune as tuning
+from dmlopt.progress import ticking
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
 from dmlopt.graph_capture import graph_capture_readiness
 from dmlopt.targets.dml import placement
@@ -227,10 +228,9 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
             out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
         if out.passed and on_ep:
-            if progress:
-                progress("validate on the WebGPU EP")
-            found = webgpu_validation.on_ep(original, out.model, shapes=context.shapes, dims=context.dims,
-                                            inputs=inputs, atol=atol, rtol=rtol)
+            with ticking(progress, "validate on the WebGPU EP"):
+                found = webgpu_validation.on_ep(original, out.model, shapes=context.shapes, dims=context.dims,
+                                                inputs=inputs, atol=atol, rtol=rtol)
             rep.validation = {**rep.validation, "cpu_passed": rep.validation["passed"], "webgpu": found,
                               "passed": found["passed"]}
             if not found["passed"]:  # the CPU EP agrees: the pass that broke it is found on the EP
@@ -279,11 +279,10 @@ def _validate_real(original: ir.Model, model: ir.Model, real, context: PassConte
     CPU validation used; without a real EP, why not and how to get one."""
     if real is None:
         return {"passed": None, "skipped": real_ep.why_not(ort_version, "validation on the real DirectML EP")}
-    if progress:
-        progress(f"validate on the real DirectML EP (ORT {real.version})")
     per_output = {o["name"]: (o["atol"], o["rtol"]) for o in validation["outputs"]}
-    return real_ep.validate_real(original, model, real, shapes=context.shapes, dims=context.dims, inputs=inputs,
-                                 per_output=per_output)
+    with ticking(progress, f"validate on the real DirectML EP (ORT {real.version})"):
+        return real_ep.validate_real(original, model, real, shapes=context.shapes, dims=context.dims,
+                                     inputs=inputs, per_output=per_output)
 
 
 def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: bool, progress=None,
@@ -298,9 +297,8 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
         readiness = graph_capture_readiness(work, context.target, **made)
         rep.graph_capture = readiness.to_dict()
     elif target == "webgpu":  # measured from the EP where it runs (dmlopt.targets.webgpu.placement)
-        if progress:
-            progress("placement on the WebGPU EP")
-        measured = webgpu_placement.measure(work, dims=context.dims)
+        with ticking(progress, "placement on the WebGPU EP"):
+            measured = webgpu_placement.measure(work, dims=context.dims)
         readiness = webgpu_placement.readiness(work, measured)
         rep.graph_capture = {**readiness.to_dict(), "placement": measured}
     ep_tuning = None

@@ -296,3 +296,27 @@ def test_optimize_command_validates_on_the_real_ep(cli, dml_host, tmp_path):
     missing = tmp_path / "m.onnx"
     r = cli("optimize", CNN, "-o", missing, "--dml-host", dml_host.root, "--ort-version", "1.9", "-q")
     assert r.code == 2 and "installed: " in one_error_line(r.err) and not missing.exists()
+
+
+@pytest.mark.dml_host
+def test_bench_auto_uses_the_configured_host_with_a_progress_line(cli, dml_host, monkeypatch):
+    """Issue 31: `bench --ep auto` ignored a configured host; the host run printed nothing for 1:41."""
+    import io
+
+    from dmlopt import cli as cli_mod, progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Terminal()
+    monkeypatch.setattr(cli_mod, "_progress", lambda args: None if args.quiet else progress.Steps(tty))
+    monkeypatch.setenv(host.ENV_VAR, str(dml_host.root))
+    r = cli("bench", CNN, "--ep", "auto", "--runs", "2", "--warmup", "1", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["provider"] == "DmlExecutionProvider"
+    assert "on the real DirectML EP (ORT " in tty.getvalue() and tty.getvalue().endswith("\n")
+    quiet = Terminal()
+    monkeypatch.setattr(cli_mod, "_progress", lambda args: None if args.quiet else progress.Steps(quiet))
+    assert cli("bench", CNN, "--ep", "auto", "--runs", "1", "--warmup", "0", "-q").code == 0
+    assert quiet.getvalue() == ""
