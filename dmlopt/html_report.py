@@ -261,7 +261,7 @@ def _placement_section(r: dict[str, Any]) -> str:
         return ""
     metrics = [
         ("nodes reaching the EP", lambda x: x.get("nodes")),
-        ("folded away by ORT first", lambda x: x.get("folded_by_ort")),
+        ("folded away by ORT first (negative: bodies of function ops inlined)", lambda x: x.get("folded_by_ort")),
         ("on DirectML", lambda x: x.get("dml_nodes")),
         ("on CPU", lambda x: len(x.get("cpu_nodes", []))),
         ("copies (Memcpy) per run", lambda x: x.get("memcpy", {}).get("count")),

@@ -23,7 +23,7 @@ from dmlopt import report as report_mod
 from dmlopt import tune as tuning
 from dmlopt.progress import ticking
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
-from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.graph_capture import graph_capture_readiness, with_measured_placement
 from dmlopt.targets.dml import placement
 from dmlopt.graph_check import PassBroke, check_model, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
@@ -246,6 +246,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
     rep.not_timed = ("validation failed" if not out.passed else "--no-time" if retime is False
                      else "--no-validate runs nothing" if not validate and not retime
+                     else _host_not_timed(rep.real_ep) if (rep.real_ep or {}).get("passed") is not None
                      else f"{runtime.PROVIDERS[target]}, the target's provider, is not on this machine"
                      if not runtime.has_target(target) else runtime.timing_refusal(target))
     # A software adapter (WebGPU on lavapipe) is timed only when asked, and the timing says so.
@@ -273,6 +274,14 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     return out
 
 
+def _host_not_timed(real: dict) -> str:
+    """Why a model that ran on the DirectML host is not timed: said as such, not "not on this machine"."""
+    host = real.get("host") or {}
+    return (f"DmlExecutionProvider ran on the DirectML host (ORT {host.get('ort_version')}, "
+            + ("software rendering: no basis for a speedup" if host.get("software") else "under Wine")
+            + "), which optimize does not time; `dmlopt bench OUT --ep dml` times it there")
+
+
 def _validate_real(original: ir.Model, model: ir.Model, real, context: PassContext, inputs, validation,
                    progress=None, ort_version: str | None = None) -> dict:
     """The output on the real DirectML EP against the input on the CPU EP, with the tolerances the
@@ -295,6 +304,10 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
     if target in ("dml", "cuda"):
         made = dict(zip(("placement", "prepared"), predicted)) if predicted else {}
         readiness = graph_capture_readiness(work, context.target, **made)
+        real = rep.real_ep or {}
+        if target == "dml" and real.get("passed") is not None and real.get("placement"):  # measured decides
+            readiness = with_measured_placement(readiness, real["placement"], (real.get("host") or {}).get(
+                "ort_version", "?"))
         rep.graph_capture = readiness.to_dict()
     elif target == "webgpu":  # measured from the EP where it runs (dmlopt.targets.webgpu.placement)
         with ticking(progress, "placement on the WebGPU EP"):

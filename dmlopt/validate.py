@@ -187,13 +187,17 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
              rtol: float | None = None, seed: int = 0, ep: str = "cpu",
              allow_nonfinite: bool = False, progress=None) -> Validation:
     """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output
-    (`compare`; `allow_nonfinite`: outputs with no finite value may pass, see there).
+    (`compare`; `allow_nonfinite`: outputs with no finite value may pass, see there).  A model that
+    computes in float16 is judged with float16's `rtol` (unless given), also where its outputs are
+    float32 (--keep-io-types): float32 tolerances failed an fp16 model on the real DirectML EP.
     `ep`: the provider CAND runs on (REF stays on the CPU EP, the reference): a kernel of that EP
     that computes differently shows as a mismatch (WebGPU's MultiHeadAttention on lavapipe).
     `progress` (a step callback) gets the shapes, and why, before the models run."""
     tolerances(np.dtype(np.float32), atol, rtol)  # bad tolerances refused before any work
     ref_model, cand_model = load(ref), load(cand)
     _check_same_inputs(ref_model, cand_model)
+    if rtol is None and (_has_float16(ref_model.graph) or _has_float16(cand_model.graph)):
+        rtol = DEFAULT_TOLERANCES["float16"][1]  # computed in float16, whatever its outputs' type
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
     basis: list[str] = []

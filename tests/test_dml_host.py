@@ -320,3 +320,21 @@ def test_bench_auto_uses_the_configured_host_with_a_progress_line(cli, dml_host,
     monkeypatch.setattr(cli_mod, "_progress", lambda args: None if args.quiet else progress.Steps(quiet))
     assert cli("bench", CNN, "--ep", "auto", "--runs", "1", "--warmup", "0", "-q").code == 0
     assert quiet.getvalue() == ""
+
+
+@pytest.mark.dml_host
+def test_where_the_real_ep_ran_it_decides_graph_capture_and_the_session_file(dml_host):
+    """Issue 31: graph capture and OUT.session.json followed the prediction right after the real EP ran."""
+    src = pathlib.Path(__file__).parent / "measured" / "efficientvit.fp16.dmlopt.onnx"
+    result = dmlopt.optimize(src, target="dml", dml_host=dml_host.root)
+    real = result.report.real_ep
+    assert result.passed and real["passed"], result.report.to_table()
+    capture = result.report.graph_capture
+    assert capture["basis"].startswith("DirectML placement measured on the real EP (ORT ")
+    p = real["placement"]
+    assert capture["ready"] is (p["copies"] == 0)
+    entries = result.report.session_config["config"]["session_config_entries"]
+    assert ("ep.dml.enable_graph_capture" in entries) is capture["ready"]
+    # and the timing line no longer says DirectML "is not on this machine" under the line where it ran
+    table = result.report.to_table()
+    assert "is not on this machine" not in table and "DmlExecutionProvider ran on the DirectML host" in table

@@ -212,3 +212,15 @@ def test_rows_and_verdict_never_disagree_on_the_webgpu_ep():
                                    "webgpu": {**found, "adapter": "test adapter"}})
         webgpu_part = table.split("validation on the WebGPU EP")[1]
         assert ("FAILED" in webgpu_part) is (not want) and ("FAIL " in webgpu_part) is (not want), table
+
+
+def test_a_model_computing_in_float16_is_judged_as_float16_whatever_its_outputs_type():
+    """Its float32 outputs (--keep-io-types) got float32's rtol: the same model failed against itself
+    on the real DirectML EP (rel L2 1.6e-3, EfficientViT --fp16)."""
+    import pathlib
+
+    half = pathlib.Path(__file__).parent / "measured" / "efficientvit.fp16.dmlopt.onnx"
+    v = dmlopt.validate(half, half)
+    assert v.outputs[0].dtype == "float32" and v.outputs[0].rtol == 1e-2
+    assert dmlopt.validate(conv_leaky_model(), conv_leaky_model()).outputs[0].rtol == 1e-4
+    assert dmlopt.validate(half, half, rtol=1e-5).outputs[0].rtol == 1e-5
