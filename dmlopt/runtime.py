@@ -294,8 +294,24 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
         elif not rewrites:
             so.add_session_config_entry("session.disable_prepacking", "1")
             return _shared_session(rt, model, so, providers, weight_cache, external=False)
-    with model_source(model) as src:
-        return _create(rt, src, options(), providers)
+    try:
+        with model_source(model) as src:
+            return _create(rt, src, options(), providers)
+    except InputError as e:
+        raise InputError(users_file(str(e), model)) from e
+
+
+# A copy dmlopt writes for ORT (model_source, shared_weights_source): ORT's messages name it.
+TEMP_COPY = re.compile(r"\S*dmlopt-ort-[^/\\\s]*[/\\]model\.onnx(\.data)?")
+SOURCE_KEY = "dmlopt.source"  # model.meta: the file a model was loaded from (dmlopt.model.load)
+
+
+def users_file(text: str, model: ir.Model) -> str:
+    """`text` with the path of dmlopt's temporary copy replaced by the user's file (or, for a model
+    made in memory, said to be dmlopt's copy of it)."""
+    source = model.meta.get(SOURCE_KEY)
+    what = f"{source} (through dmlopt's temporary copy)" if source else "the model (dmlopt's temporary copy of it)"
+    return TEMP_COPY.sub(lambda m: what + (" data" if m.group(1) else ""), text)
 
 
 def _shared_session(rt, model, so, providers, cache, *, external: bool):
@@ -305,7 +321,10 @@ def _shared_session(rt, model, so, providers, cache, *, external: bool):
         else:
             for name, value in weights:
                 so.add_initializer(name, value)
-        sess = _create(rt, src, so, providers)
+        try:
+            sess = _create(rt, src, so, providers)
+        except InputError as e:
+            raise InputError(users_file(str(e), model)) from e
     sess.dmlopt_shared_weights = weights  # ORT reads these buffers while the session lives
     return sess
 

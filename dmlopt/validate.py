@@ -209,7 +209,7 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
         ref_out = run(ref_model, feeds)
         cand_out = run(cand_model, feeds, ep)
     except InputError as e:
-        if unread:  # the likelier cause: values nothing in the graph told dmlopt how to choose
+        if unread and str(e).startswith("ONNX Runtime failed to run"):  # likely: values nothing in the graph explains
             names = ", ".join(f"'{printable(n, CELL_WIDTH)}'" for n in unread)
             raise InputError(f"{e} (the integer input(s) {names} got dmlopt's own random values 0/1: the graph does "
                              "not show what they hold; give real values with --inputs FILE.npz, or inputs= in "

@@ -449,3 +449,22 @@ def test_a_zero_sized_dim_given_as_the_model_declares_it_is_accepted(cli, tmp_pa
     assert dmlopt.validate(path, path, shapes={"e": [0, 4]}).passed
     refused = cli("validate", path, path, "--shape", "x:0,4")
     assert refused.code == 2 and "0 only where the model declares 0" in refused.err
+
+
+def test_an_error_about_dmlopts_temporary_copy_names_the_users_file(cli, tmp_path):
+    """A model with external data goes to ORT as a temporary copy; ORT's message named that copy."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Add", ["a", "i"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64]),
+                                    helper.make_tensor_value_info("i", TensorProto.INT64, [64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], [w])
+    path = tmp_path / "typed_wrong.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
+              save_as_external_data=True, location="typed_wrong.onnx.data", size_threshold=0)
+    r = cli("validate", path, path)
+    line = r.err.strip()
+    assert r.code == 2 and len(line.splitlines()) == 1
+    assert f"{path} (through dmlopt's temporary copy)" in line and "dmlopt-ort-" not in line
+    assert "random values" not in line  # a load failure, not the values' fault
