@@ -310,7 +310,7 @@ def users_file(text: str, model: ir.Model) -> str:
     """`text` with the path of dmlopt's temporary copy replaced by the user's file (or, for a model
     made in memory, said to be dmlopt's copy of it)."""
     source = model.meta.get(SOURCE_KEY)
-    what = f"{source} (through dmlopt's temporary copy)" if source else "the model (dmlopt's temporary copy of it)"
+    what = f"{source} (through dmlopt's temporary copy)" if source else "dmlopt's temporary copy of the model"
     return TEMP_COPY.sub(lambda m: what + (" data" if m.group(1) else ""), text)
 
 

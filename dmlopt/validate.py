@@ -280,6 +280,8 @@ def _has_float16(graph: ir.Graph) -> bool:
     if any(v.dtype == HALF for v in (*graph.inputs, *graph.initializers.values(),
                                      *(o for node in graph for o in node.outputs))):
         return True
+    if any(v.const_value is not None and v.const_value.dtype == HALF for v in graph.initializers.values()):
+        return True
     return any(_makes_float16(attr) for node in graph for attr in node.attributes.values())
 
 
@@ -299,12 +301,13 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
     inputs and outputs keep their float16 type and names."""
     model = model.clone()
     infer_shapes(model)  # every float16 value typed (a saved model keeps no value_info); best effort
+    _type_contrib_outputs(model)
     graph = model.graph
     taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
     taken |= {n.name for n in graph}
     fresh = functools.partial(numbered_name, taken)
-    for value in graph.initializers.values():
-        if value.dtype == HALF and value.const_value is not None:
+    for value in graph.initializers.values():  # a loaded initializer may carry its type on the tensor only
+        if value.const_value is not None and (value.dtype or value.const_value.dtype) == HALF:
             value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
             value.type = ir.TensorType(FULL)
     for value in list(graph.inputs):
@@ -318,6 +321,32 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
                 rounded = _insert_after(graph, value, node, [HALF, FULL], fresh)
                 _keep_output_float16(graph, value, rounded, fresh)
     return model
+
+
+# com.microsoft ops whose every output has input 0's element type (ORT's contrib schemas).
+SAME_TYPE_CONTRIB = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "MultiHeadAttention",
+                     "FusedMatMul", "BiasGelu", "FastGelu", "Gelu", "QuickGelu", "BiasAdd", "GroupNorm",
+                     "SimplifiedLayerNormalization", "RotaryEmbedding", "BiasSplitGelu"}
+
+
+def _type_contrib_outputs(model: ir.Model, rounds: int = 8) -> None:
+    """Type the outputs of com.microsoft nodes ONNX inference cannot (no schema there), and infer
+    again from them: a saved float16 model with contrib ops (dmlopt's --fp16 SAM) otherwise kept
+    float16 values after them untyped, so unrounded, and its rounding copy did not load
+    ("MatMul bound to different types")."""
+    for _ in range(rounds):
+        typed = False
+        for node in model.graph:
+            if node.domain != "com.microsoft" or node.op_type not in SAME_TYPE_CONTRIB or not node.inputs:
+                continue
+            source = node.inputs[0].dtype if node.inputs[0] is not None else None
+            for out in node.outputs:
+                if out.name and out.dtype is None and source is not None:
+                    out.type = ir.TensorType(source)
+                    typed = True
+        if not typed:
+            return
+        infer_shapes(model)
 
 
 def _keep_output_float16(graph: ir.Graph, value: ir.Value, rounded: ir.Value, fresh) -> None:
