@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -291,18 +292,24 @@ class Timer:
         self._binding = binding
         self.io_binding = f"inputs on {where_in}, outputs on {where_out}"
 
+    # Runs per sample (`alternate`'s min_sample_ms): a sub-millisecond model timed one run at a
+    # time gives per-pair ratios spread over x0.4-x15; the mean of enough runs does not.
+    repeats = 1
+
     def once(self) -> float:
+        """One sample: ms per run, over `repeats` runs."""
         t0 = time.perf_counter()
         try:
-            if self._binding is not None:
-                self.session.run_with_iobinding(self._binding)
-                self._binding.synchronize_outputs()
-            else:
-                self.session.run(self.outputs, self.feeds)
+            for _ in range(self.repeats):
+                if self._binding is not None:
+                    self.session.run_with_iobinding(self._binding)
+                    self._binding.synchronize_outputs()
+                else:
+                    self.session.run(self.outputs, self.feeds)
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
             raise InputError(f"ONNX Runtime failed to run the model on {self.provider} while timing it: "
                              f"{runtime._first_line(e)}") from e
-        return (time.perf_counter() - t0) * 1000.0
+        return (time.perf_counter() - t0) * 1000.0 / self.repeats
 
     def run_outputs(self) -> list[np.ndarray]:
         """One run's outputs, copied to the host (through the binding when there is one)."""
@@ -458,12 +465,18 @@ def _warm(timers: Mapping[str, Timer], warmup: int, bar) -> None:
 
 
 def alternate(timers: Mapping[str, Timer], *, runs: int, warmup: int, baseline: str | None = None,
-              progress=None, label: str = "timing") -> dict[str, Any]:
-    """Run the timers in alternation (A B, then B A, ...); per model its summary and its ratio to the baseline."""
+              progress=None, label: str = "timing", min_sample_ms: float = 0.0) -> dict[str, Any]:
+    """Run the timers in alternation (A B, then B A, ...); per model its summary and its ratio to the baseline.
+    `min_sample_ms`: each sample repeats the run until it takes about this long (the same count for
+    every model, from the slowest after warm-up), so a fast model's ratios measure it, not the clock."""
     names = list(timers)
     baseline = baseline or names[0]
     with bar_for(progress, label, (warmup + runs) * len(names)) as bar:
         _warm(timers, warmup, bar)
+        if min_sample_ms > 0:
+            slowest = max(statistics.median([t.once() for _ in range(3)]) for t in timers.values())
+            for t in timers.values():
+                t.repeats = max(1, math.ceil(min_sample_ms / max(slowest, 1e-3)))
         times: dict[str, list[float]] = {name: [] for name in names}
         for i in range(runs):
             for name in (names if i % 2 == 0 else names[::-1]):
@@ -475,7 +488,7 @@ def alternate(timers: Mapping[str, Timer], *, runs: int, warmup: int, baseline: 
         t = timers[name]
         out["models"][name] = {"load_s": t.load_s, "latency_ms": summary(times[name]),
                                "ratio_median": float(statistics.median(ratios)), "ratio": ratio_summary(ratios),
-                               "ratios": ratios,
+                               "ratios": ratios, "runs_per_sample": t.repeats,
                                "copies": t.copies, "profile": t.profile, "io_binding": t.io_binding,
                                "provider_options": t.provider_options}
     return out
@@ -515,8 +528,10 @@ def device_note(target: str) -> dict[str, str]:
 
 
 def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 20, warmup: int = 3,
-            baseline: str | None = None, progress=None, label: str | None = None, **kw) -> dict[str, Any]:
-    """Time several models in alternation; ratios are each model's time over the baseline's, per round."""
+            baseline: str | None = None, progress=None, label: str | None = None, min_sample_ms: float = 0.0,
+            **kw) -> dict[str, Any]:
+    """Time several models in alternation; ratios are each model's time over the baseline's, per round
+    (`min_sample_ms`: see `alternate`)."""
     check_counts(runs, warmup)
     if kw.get("feeds") is None:
         kw["feeds"], basis = same_inputs(models, kw.get("shapes"), kw.get("dims") or kw.get("free_dims"),
@@ -526,7 +541,8 @@ def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 
     cache = runtime.WeightValues()  # the models share most weights: one host copy of each
     timers = {name: Timer(m, target, profile=warmup > 0, weight_cache=cache, **kw) for name, m in models.items()}
     out = alternate(timers, runs=runs, warmup=warmup, baseline=baseline, progress=progress,
-                    label=label or f"timing {len(timers)} models on {runtime.PROVIDERS[target]}")
+                    label=label or f"timing {len(timers)} models on {runtime.PROVIDERS[target]}",
+                    min_sample_ms=min_sample_ms)
     out["inputs"] = {k: list(v.shape) for k, v in kw["feeds"].items()}
     out["input_basis"] = basis
     return {**out, **device_note(target)}

@@ -34,7 +34,7 @@ from dmlopt.jsontext import json_text
 from dmlopt.model import check_destination, check_input, load, protected_paths, save
 from dmlopt.passes import all_passes
 from dmlopt.pipeline import optimize, pass_options
-from dmlopt.progress import Steps, is_terminal
+from dmlopt.progress import Steps, is_terminal, ticking
 from dmlopt.shapes import parse_dim, parse_shape
 from dmlopt.validate import validate
 from dmlopt.tables import format_table
@@ -168,8 +168,9 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
 
 def _add_dml_host_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dml-host", metavar="DIR",
-                   help=f"the real DirectML EP under Wine: a folder made by ../shared/dml-wine/setup.sh (default: "
-                        f"${dml_host.ENV_VAR}); not needed on Windows with onnxruntime-directml")
+                   help=f"a DirectML host: a folder with Wine and ONNX Runtime's DirectML builds, made by "
+                        f"{dml_host.SETUP} (default: ${dml_host.ENV_VAR}); not needed on Windows with "
+                        "onnxruntime-directml")
 
 
 def _shapes(args) -> tuple[dict, dict]:
@@ -214,8 +215,9 @@ def build_parser() -> Parser:
     p.add_argument("--force", action="store_true", help="write the output even if validation fails (the report says so)")
     p.add_argument("--tune", action="store_true", help="measure pass variants on the target provider (must be present)")
     p.add_argument("--inputs", metavar="FILE.npz", help="inputs for validation instead of seeded random ones")
-    p.add_argument("--atol", type=arg_types.tolerance, help="absolute tolerance for validation (default by dtype)")
-    p.add_argument("--rtol", type=arg_types.tolerance, help="tolerance relative to the output's magnitude (default by dtype)")
+    p.add_argument("--atol", type=arg_types.tolerance, help="absolute error to ignore in validation (default 0)")
+    p.add_argument("--rtol", type=arg_types.tolerance, help="relative L2 error allowed per output; the worst element may be off 10x this of the "
+                   "reference's range (default by dtype: float32 1e-4, float16 1e-2)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines and the written paths")
     _add_session_config_args(p)
@@ -244,13 +246,15 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("validate", help="compare two models' outputs on ORT's CPU EP",
                        description="Run REF and CAND on the same seeded random inputs (or --inputs) and compare "
-                                   "every output: max abs error, max relative error, cosine. Exit 1 on mismatch.")
+                                   "every output against the reference's own scale: relative L2 error, max abs over the "
+                                   "reference's range, cosine (README: Validation rule). Exit 1 on mismatch.")
     p.add_argument("ref")
     p.add_argument("cand")
     _add_shape_args(p)
     p.add_argument("--inputs", metavar="FILE.npz")
-    p.add_argument("--atol", type=arg_types.tolerance)
-    p.add_argument("--rtol", type=arg_types.tolerance)
+    p.add_argument("--atol", type=arg_types.tolerance, help="absolute error to ignore (default 0)")
+    p.add_argument("--rtol", type=arg_types.tolerance,
+                   help="relative L2 error allowed per output (default by dtype: float32 1e-4, float16 1e-2)")
     p.add_argument("--seed", type=arg_types.integer(0, arg_types.SEED_MAX), default=0)
     p.add_argument("--allow-nonfinite", action="store_true",
                    help="an output with no finite value passes if both hold the same NaN/inf in the same places")
@@ -416,13 +420,11 @@ def cmd_optimize(args) -> int:
             report_mod.write(rep, args.report)
     print(rep.to_json() if args.json else "\n".join(map(printable, rep.verdict())) if args.quiet else rep.to_table())
     if not ok:
-        where = f" (first failing pass: {rep.broken_by})" if rep.broken_by else ""
         if args.force:
-            print(f"dmlopt: warning: validation FAILED{where}; output written anyway because of --force",
+            print(f"dmlopt: warning: validation FAILED: {rep.failure()}; output written anyway because of --force",
                   file=sys.stderr)
         else:
-            print(f"dmlopt: error: the optimized model does not match the original{where}; nothing was written "
-                  f"(--force writes it anyway)", file=sys.stderr)
+            print(f"dmlopt: error: {rep.failure()}; nothing was written (--force writes it anyway)", file=sys.stderr)
         return EXIT_CHECK
     print(f"wrote {printable(output)}{_session_config_written(rep)}"
           + (f" and the float32 sibling {printable(sibling_path)}" if sibling is not None else ""), file=sys.stderr)
@@ -481,7 +483,7 @@ def _add_calibrate_parser(sub) -> None:
                                    "once, and compare where ORT put each node, the copies and the compiled "
                                    "partitions with dmlopt's placement table for that ORT version. Needs "
                                    "onnxruntime-directml (Windows) or a DirectML host (--dml-host DIR, made by "
-                                   "../shared/dml-wine/setup.sh); without either it exits 2.")
+                                   f"{dml_host.SETUP}); without either it exits 2.")
     p.add_argument("model")
     p.add_argument("--ort-version", default="auto",
                    help="placement table to compare with (default auto: the onnxruntime installed here; with a "
@@ -575,7 +577,8 @@ def cmd_validate(args) -> int:
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
     check_input(cand, args.cand)
     v = validate(ref, cand, shapes=shapes, dims=dims, inputs=inputs, atol=args.atol, rtol=args.rtol, seed=args.seed,
-                 ep="cpu" if args.ep == "dml" else runtime.resolve_ep(args.ep), allow_nonfinite=args.allow_nonfinite)
+                 ep="cpu" if args.ep == "dml" else runtime.resolve_ep(args.ep), allow_nonfinite=args.allow_nonfinite,
+                 progress=_progress(args))
     # the table with output names escaped (a name must not forge a line); the JSON keeps them
     shown = dataclasses.replace(v, outputs=[dataclasses.replace(o, name=printable(o.name)) for o in v.outputs])
     if real is None:
@@ -614,6 +617,8 @@ def cmd_bench(args) -> int:
         return EXIT_OK
     if args.ep == "dml" and (dml_host.configured(args.dml_host) or not runtime.has_target("dml")):
         return _bench_real_dml(args, shapes, dims)
+    if args.ep == "auto" and dml_host.configured(args.dml_host) and not runtime.has_target("dml"):
+        return _bench_real_dml(args, shapes, dims)  # the DirectML host configured here is where DirectML runs
     if args.dml_host or args.ort_version:
         raise UsageError("--dml-host and --ort-version run the real DirectML EP under Wine: add --ep dml")
     target = runtime.resolve_ep(args.ep)
@@ -661,7 +666,10 @@ def _bench_real_dml(args, shapes, dims) -> int:
     if refused:
         raise UsageError(f"{refused[0]} is not available with the DirectML host under Wine (one model per "
                          "process; its times are software rendering, no basis for comparing or tuning)")
-    out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims)
+    with ticking(_progress(args), f"bench {printable(os.path.basename(args.model))} on the real DirectML EP "
+                                  f"(ORT {ep.version}, {args.warmup} warm-up + {args.runs} runs, one host process)"):
+        out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes,
+                                 dims=dims)
     print(json_text(out) if args.json else real_ep.time_table(printable_tree(out)))
     return EXIT_OK
 

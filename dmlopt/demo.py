@@ -44,9 +44,19 @@ def _predicted(model, ort_version: str):
     return len(p["cpu_nodes"]), p["memcpy"]["count"]
 
 
+# Each timed sample repeats the run for at least this long: the bundled models run in well under a
+# millisecond on a CPU, where one run per sample gave spreads like x0.40-14.94.
+MIN_SAMPLE_MS = 20.0
+# A p10-p90 spread wider than this (p90/p10 of the per-pair ratios) says nothing about the speedup.
+MEANINGLESS_SPREAD = 2.0
+
+
 def _speed(ratio: dict) -> str:
-    """``x1.31 (1.20-1.40)`` (speedup, p10-p90 of the per-pair speedups), or no measurable difference."""
+    """``x1.31 (1.20-1.40)`` (speedup, p10-p90 of the per-pair speedups), no measurable difference,
+    or "too fast to time here" when the spread is too wide to mean anything."""
     spread = f"x{1 / ratio['p90']:.2f}-{1 / ratio['p10']:.2f}"
+    if ratio["p10"] <= 0 or ratio["p90"] / ratio["p10"] > MEANINGLESS_SPREAD:
+        return f"too fast to time here ({spread})"
     if ratio["verdict"] == "no measurable difference":
         return f"none measurable ({spread})"
     return f"x{1 / ratio['median']:.2f} ({spread})"
@@ -84,7 +94,7 @@ def run(output_dir: str = "dmlopt-demo", runs: int = 10, quiet: bool = False) ->
         err = max((o["max_abs"] for r in (shipped, here) for o in r.report.validation["outputs"]), default=0.0)
         if any(p["modified"] for p in here.report.passes):
             timed = bench.compare({"before": original, "after": here.model}, local, runs=runs, warmup=2,
-                                  baseline="before", dims=dims, free_dims=dims)
+                                  baseline="before", dims=dims, free_dims=dims, min_sample_ms=MIN_SAMPLE_MS)
             b, a = timed["models"]["before"], timed["models"]["after"]
             before_ms, after_ms = f"{b['latency_ms']['median']:.2f}", f"{a['latency_ms']['median']:.2f}"
             speed = _speed(a["ratio"])
@@ -99,7 +109,8 @@ def run(output_dir: str = "dmlopt-demo", runs: int = 10, quiet: bool = False) ->
     print(format_table(rows))
     print(f"\nWritten to {os.fspath(out_dir)}/: <model>.dml.onnx (optimized for DirectML, ONNX Runtime {PREDICT_ORT}; "
           f"its CPU nodes and copies are predicted, see `dmlopt inspect MODEL --ep dml`) and <model>.{local}.onnx "
-          f"(optimized for {runtime.PROVIDERS[local]}, timed here: median of {runs} alternating runs; speedup is the "
+          f"(optimized for {runtime.PROVIDERS[local]}, timed here: median of {runs} alternating samples of at least "
+          f"{MIN_SAMPLE_MS:.0f} ms each (a fast model's runs repeated); speedup is the "
           f"median per-pair ratio with its p10-p90 spread; a spread across 1 is no measurable difference)."
           + ("" if local == "dml" else f" The {local} timings do not represent DirectML.")
           + f" Took {time.perf_counter() - t_start:.0f}s.")

@@ -81,6 +81,28 @@ class Readiness:
                 "blockers": self.blockers, "warnings": self.warnings}
 
 
+# Blockers that rest on the predicted placement: a measurement on the real EP replaces them.
+PLACEMENT_KINDS = ("copies", "cpu_output")
+
+
+def with_measured_placement(readiness: Readiness, measured: dict[str, Any], ort_version: str) -> Readiness:
+    """`readiness` with the real DirectML EP's answer instead of the prediction's (CPU nodes and
+    copies measured on ORT `ort_version`): where the real EP ran, it decides graph capture."""
+    if readiness.target != "dml" or not measured.get("found"):
+        return readiness
+    blockers = [b for b in readiness.blockers if b["kind"] not in PLACEMENT_KINDS]
+    cpu, copies = measured.get("cpu_nodes") or 0, measured.get("copies") or 0
+    if copies:
+        names = measured.get("cpu_node_names") or []
+        blockers.append(_blocker("copies", f"{cpu} nodes on CPU (measured), {copies} copies",
+                                 "ORT refuses graph capture where a node on the CPU exchanges data with the GPU "
+                                 "(Memcpy)", names, known=True))
+    elif cpu:
+        readiness.warnings.append(f"{cpu} nodes on the CPU without copies (measured): replay does not rerun them")
+    return dataclasses.replace(readiness, blockers=blockers,
+                               basis=f"DirectML placement measured on the real EP (ORT {ort_version})")
+
+
 def graph_capture_readiness(model: ir.Model, target: Target | str = "dml", ort_version: str | None = None, *,
                             placement: placement_mod.Placement | None = None,
                             prepared: tuple[ir.Model, int] | None = None) -> Readiness:

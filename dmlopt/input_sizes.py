@@ -11,8 +11,10 @@ Each free dim gets, in this order:
      number ending the dim's name (``height_512``);
   4. axis 0 of an input of rank >= 2 (the batch): 1, the usual deployment size;
   5. spatial dims (those reaching a Conv or pooling): the smallest multiple of the graph's total
-     stride (every Conv/pool stride and SpaceToDepth along the way) from 32 up that onnx's strict
-     shape inference accepts, so patch embeddings meet their static position tables;
+     stride (the strides multiplied along each path, lcm over the paths) from 32 up that onnx's
+     strict shape inference accepts, so patch embeddings meet their static position tables; at
+     most MAX_AUTO_SPATIAL (1024) and within MEMORY_BUDGET of estimated activations (1 GiB: the
+     peak of live values, each freed after its last reader), else refused, naming the size;
   6. any other dim: the one static size of the graph that strict shape inference accepts there
      (a Reshape's or a position table's), when a prime it refuses shows that the graph fixes it.
 
@@ -22,6 +24,7 @@ Whatever is left is refused (`FreeDims`) with the dims named and the ``--dim`` t
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import math
 import re
 import weakref
@@ -40,6 +43,11 @@ SPATIAL_FLOOR = 32
 SMALL_MULTIPLES = 8
 SPATIAL_TRIES = 40
 MAX_SPATIAL = 4096
+# dmlopt sizes image dims itself up to this (px) and this much estimated activation memory; a graph
+# that needs more is refused with the size named, for --dim (a Segformer was validated at 2048x2048:
+# 79 s and 8.6 GB, where 512x512 took 13 s and 284 MB).
+MAX_AUTO_SPATIAL = 1024
+MEMORY_BUDGET = 1 << 30
 # Static sizes of the graph tried for another dim.
 STATIC_TRIES = 24
 # A size no graph fixes a dim to: accepted by strict inference, it shows the dim is free.
@@ -174,12 +182,11 @@ def _choose(model: ir.Model, shapes, dims, fixed) -> Sizes:
     if strided:
         stride = total_stride(model)
         candidates = _spatial_candidates(model, stride)
-        size = oracle.first_accepted(strided, candidates)
+        size = oracle.first_accepted(strided, candidates, budget=MEMORY_BUDGET)
         if size is None:
-            size = candidates[0] if not oracle.informative else None
+            size = candidates[0] if not oracle.informative and candidates else None
         if size is None:
-            raise FreeDims(_refusal(model, strided, f"none of the sizes tried ({', '.join(map(str, candidates))}: "
-                                    f"multiples of the total stride {stride}) fits the graph's static shapes"))
+            raise FreeDims(_refusal(model, strided, _why_none(candidates, stride, oracle.over_budget)))
         for slot in strided:
             _assign(slot, size, values, by_slot)
         basis.append(f"{_names(strided)}={size} (image dims: " + (
@@ -202,6 +209,23 @@ def _choose(model: ir.Model, shapes, dims, fixed) -> Sizes:
     if free:
         raise FreeDims(_refusal(model, free, "nothing in the model sizes them"))
     return Sizes(_shapes(model, shapes, values, by_slot), basis, values)
+
+
+def _why_none(candidates: Sequence[int], stride: int, over_budget: Sequence[tuple[int, int]]) -> str:
+    """Why no image size was chosen: none fits the graph, or those that fit are over the budget."""
+    if over_budget:
+        size, peak = over_budget[0]
+        return (f"the smallest size that fits the graph, {size}, needs ~{_mib(peak)} of activations (estimated), "
+                f"over the {_mib(MEMORY_BUDGET)} dmlopt allows a size it chooses itself")
+    if not candidates:
+        return (f"a multiple of the total stride {stride} up to {MAX_AUTO_SPATIAL} px, the largest image size "
+                "dmlopt chooses itself, does not exist")
+    return (f"none of the sizes tried ({', '.join(map(str, candidates))}: multiples of the total stride {stride} "
+            f"up to {MAX_AUTO_SPATIAL} px) fits the graph's static shapes")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MiB"
 
 
 def _assign(slot: Slot, size: int, values: dict[str, int], by_slot: dict[tuple[str, int], int]) -> None:
@@ -300,12 +324,16 @@ def _spatial_slots(model: ir.Model) -> set[tuple[str, int]]:
 
 def total_stride(model: ir.Model) -> int:
     """The divisibility the graph's downsampling asks of a spatial dim: the stride a value has
-    accumulated (Conv/pool strides, SpaceToDepth; ConvTranspose, DepthToSpace, Resize divide
-    it back) where a strided op reads it, over all such ops (lcm)."""
-    scale: dict[int, int] = {}
+    accumulated along its path (Conv/pool strides, SpaceToDepth multiply it; ConvTranspose,
+    DepthToSpace, Resize divide it back) where a strided op reads it, lcm over those ops.
+
+    A node's value follows its first input that carries one (a data input, not a weight): an
+    attention output is at its queries' stride, not at the reduced keys' (a Segformer's
+    spatial-reduction Convs made every later stage look 8x coarser: total stride 2048, not 32)."""
+    scale: dict[int, fractions.Fraction] = {}
     need = 1
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        into = max((scale.get(id(i), 1) for i in node.inputs if i is not None), default=1)
+        into = next((scale[id(i)] for i in node.inputs if i is not None and id(i) in scale), fractions.Fraction(1))
         out = into
         if node.op_type in STRIDED:
             strides = node.attributes.get("strides")
@@ -313,22 +341,27 @@ def total_stride(model: ir.Model) -> int:
             if node.op_type in ("MaxPool", "AveragePool", "LpPool") and strides is None:
                 step = 1
             out = into * step
-            need = math.lcm(need, out)
+            need = _lcm_with(need, out)
         elif node.op_type == "SpaceToDepth":
             block = node.attributes.get("blocksize")
             out = into * (block.as_int() if block is not None else 1)
-            need = math.lcm(need, out)
+            need = _lcm_with(need, out)
         elif node.op_type == "ConvTranspose":
             strides = node.attributes.get("strides")
-            out = max(1, into // (max(strides.as_ints()) if strides is not None and strides.as_ints() else 1))
+            out = into / (max(strides.as_ints()) if strides is not None and strides.as_ints() else 1)
         elif node.op_type == "DepthToSpace":
             block = node.attributes.get("blocksize")
-            out = max(1, into // (block.as_int() if block is not None else 1))
+            out = into / (block.as_int() if block is not None else 1)
         elif node.op_type in ("Resize", "Upsample"):
-            out = max(1, into // 2)
+            out = into / 2
         for o in node.outputs:
             scale[id(o)] = out
     return need
+
+
+def _lcm_with(need: int, stride: fractions.Fraction) -> int:
+    """`need` and a path's stride (a fraction after an upsampling: 14/4 needs 7 of the input)."""
+    return math.lcm(need, max(1, stride.numerator)) if stride >= 1 else need
 
 
 def _spatial_candidates(model: ir.Model, stride: int) -> list[int]:
@@ -342,7 +375,7 @@ def _spatial_candidates(model: ir.Model, stride: int) -> list[int]:
         for size in (s, s * stride, root * stride if root * root == s else 0):
             if size >= SPATIAL_FLOOR and size % stride == 0 and size <= MAX_SPATIAL:
                 found.append(size)
-    return sorted(set(found))[:SPATIAL_TRIES]
+    return [size for size in sorted(set(found)) if size <= MAX_AUTO_SPATIAL][:SPATIAL_TRIES]
 
 
 def _static_sizes(model: ir.Model, limit: int | None = None) -> list[int]:
@@ -366,6 +399,7 @@ class _Oracle:
         self._proto = None
         self._informative = None
         self._data_prop: bool | None = None
+        self.over_budget: list[tuple[int, int]] = []  # (size, estimated peak bytes) refused for memory
 
     @property
     def informative(self) -> bool:
@@ -381,18 +415,21 @@ class _Oracle:
         return self._proto
 
     def _check(self, proto: onnx.ModelProto) -> str | None:
+        self.inferred = None
         try:
             # data propagation only within its budget: a tiny model must not take gigabytes here either
             if self._data_prop is None:
                 self._data_prop = data_propagation_allowed(self.model)
-            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=self._data_prop)
+            self.inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
+                                                              data_prop=self._data_prop)
         except Exception as e:  # noqa: BLE001 - onnx raises several types
             return str(e) or type(e).__name__
         return None
 
-    def first_accepted(self, slots: Sequence[Slot], sizes: Sequence[int]) -> int | None:
+    def first_accepted(self, slots: Sequence[Slot], sizes: Sequence[int], budget: int | None = None) -> int | None:
         """The first of `sizes` that, given to every slot in `slots` (other unsized dims left as
-        they are), strict inference accepts."""
+        they are), strict inference accepts (and, with `budget`, whose estimated activation peak
+        fits it: `activation_peak`; those that do not are kept in `over_budget`)."""
         if not self.informative:
             return None
         proto = self._base()
@@ -404,7 +441,11 @@ class _Oracle:
             for size in sizes:
                 self._apply(inputs, slots, size)
                 if self._check(proto) is None:
-                    return size
+                    peak = activation_peak(self.inferred, [v.name for v in runtime_inputs(self.model)]) \
+                        if budget is not None else 0
+                    if peak <= (budget or 0):
+                        return size
+                    self.over_budget.append((size, peak))
             return None
         finally:
             for name, i in inputs.items():
@@ -431,3 +472,30 @@ class _Oracle:
                 if value is not None:
                     dim.Clear()
                     dim.dim_value = value
+
+
+def activation_peak(proto: onnx.ModelProto, inputs: Sequence[str]) -> int:
+    """Bytes of the values live at once, at most, running the main graph's nodes in order (the
+    runtime `inputs` and each node's outputs added, a value freed after its last reader; weights
+    not counted): an estimate of ORT's activation peak, from the shapes onnx inferred (a value of
+    unknown size counts 0)."""
+    graph = proto.graph
+    sizes = {}
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        t = info.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if t.elem_type and None not in dims:
+            sizes[info.name] = math.prod(dims) * onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+    last = {name: index for index, node in enumerate(graph.node) for name in node.input}
+    kept = {o.name for o in graph.output}
+    counted = set(inputs)
+    live = peak = sum(sizes.get(name, 0) for name in counted)
+    for index, node in enumerate(graph.node):
+        made = [o for o in node.output if o]
+        counted.update(made)
+        live += sum(sizes.get(o, 0) for o in made)
+        peak = max(peak, live)
+        for name in set(node.input):
+            if name in counted and last.get(name) == index and name not in kept:
+                live -= sizes.get(name, 0)
+    return peak

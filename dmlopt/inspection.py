@@ -10,8 +10,8 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt import input_sizes
-from dmlopt.errors import printable_tree
+from dmlopt import input_sizes, runtime
+from dmlopt.errors import printable, printable_tree
 from dmlopt.targets.dml import placement
 from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt.graph_capture import graph_capture_readiness
@@ -95,9 +95,11 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
             conv_transpose.append({"node": node.name, "strides": strides.as_ints() if strides is not None else None})
         elif has_subgraphs(node):
             control.append({"node": node.name, "op": node.op_type})
+    load_problem = runtime.load_problem(m)
     free_dims = sorted({d.value for v in m.graph.inputs if v.shape is not None for d in v.shape.dims
                         if not isinstance(d, int) and getattr(d, "value", None)})
     info: dict[str, Any] = {
+        "ort_cannot_load": load_problem,  # None: ONNX Runtime loads it (CPU EP, this build)
         "inputs": describe_values([v for v in m.graph.inputs if v.name not in m.graph.initializers]),
         "outputs": describe_values(m.graph.outputs),
         "free_dims": free_dims,
@@ -139,8 +141,12 @@ def inspect(model: ModelLike, *, ep: str | None = None, ort_version: str | None 
 def to_table(info: dict[str, Any]) -> str:
     """The description for a terminal.  Every name is escaped first (printable_tree): a tensor
     called "x\\n..." or holding terminal control codes must not forge a line or recolour it."""
+    problem = info.get("ort_cannot_load")
     info = printable_tree(info)
     lines = []
+    if problem:  # first, whole (ORT's sentence, escaped, not cut): the placement below is moot
+        lines.append(f"ONNX Runtime {runtime.ort().__version__} cannot load this model (not a DirectML fallback: no "
+                     f"provider runs it without a custom-op library that registers it): {printable(problem)}")
     for kind in ("inputs", "outputs"):
         for v in info[kind]:
             shape = "x".join(str(d) for d in v["shape"]) if v["shape"] is not None else "?"

@@ -89,6 +89,7 @@ def _load_path(path: pathlib.Path) -> ir.Model:
     _check_external_data(proto, path.parent, str(path))
     model = _deserialize(proto, str(path))
     _resolve_external_data(model, path.parent)
+    model.meta["dmlopt.source"] = str(path)  # runtime.users_file names it where ORT names a temporary copy
     return model
 
 

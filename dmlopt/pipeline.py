@@ -18,11 +18,12 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt import bench, fp16_repair, input_sizes, runtime, session_config
+from dmlopt import bench, fp16_repair, runtime, session_config
 from dmlopt import report as report_mod
 from dmlopt import tune as tuning
+from dmlopt.progress import ticking
 from dmlopt.errors import CheckFailed, DmlOptError, UsageError
-from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.graph_capture import graph_capture_readiness, with_measured_placement
 from dmlopt.targets.dml import placement
 from dmlopt.graph_check import PassBroke, check_model, op_counts
 from dmlopt.model import ModelLike, check_input, initializer_bytes, load
@@ -220,19 +221,16 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     out = Result(work, rep)
     atol, rtol = tuning.validation_tolerances(context.precision, atol, rtol)
     if validate:
-        if progress:
-            progress("validate")
         v = run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
-                           atol=atol, rtol=rtol)
+                           atol=atol, rtol=rtol, progress=progress)
         rep.validation = v.to_dict()
-        if not v.passed and before_fp16 is not None:
+        if not v.passed and before_fp16 is not None and not v.reference_nonfinite:
             out.model = _repair_fp16(original, out.model, before_fp16, fp16_at, run, outcome.only, rep,
                                      dict(inputs=inputs, atol=atol, rtol=rtol), progress)
         if out.passed and on_ep:
-            if progress:
-                progress("validate on the WebGPU EP")
-            found = webgpu_validation.on_ep(original, out.model, shapes=context.shapes, dims=context.dims,
-                                            inputs=inputs, atol=atol, rtol=rtol)
+            with ticking(progress, "validate on the WebGPU EP"):
+                found = webgpu_validation.on_ep(original, out.model, shapes=context.shapes, dims=context.dims,
+                                                inputs=inputs, atol=atol, rtol=rtol)
             rep.validation = {**rep.validation, "cpu_passed": rep.validation["passed"], "webgpu": found,
                               "passed": found["passed"]}
             if not found["passed"]:  # the CPU EP agrees: the pass that broke it is found on the EP
@@ -243,11 +241,12 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
         if out.passed and target == "dml":
             rep.real_ep = _validate_real(original, out.model, real, context, inputs, rep.validation, progress,
                                          ort_version)
-        if not out.passed:
+        if not out.passed and not v.reference_nonfinite:  # no finite reference: the inputs' fault, no pass's
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
     # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
     rep.not_timed = ("validation failed" if not out.passed else "--no-time" if retime is False
                      else "--no-validate runs nothing" if not validate and not retime
+                     else _host_not_timed(rep.real_ep) if (rep.real_ep or {}).get("passed") is not None
                      else f"{runtime.PROVIDERS[target]}, the target's provider, is not on this machine"
                      if not runtime.has_target(target) else runtime.timing_refusal(target))
     # A software adapter (WebGPU on lavapipe) is timed only when asked, and the timing says so.
@@ -275,17 +274,24 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     return out
 
 
+def _host_not_timed(real: dict) -> str:
+    """Why a model that ran on the DirectML host is not timed: said as such, not "not on this machine"."""
+    host = real.get("host") or {}
+    return (f"DmlExecutionProvider ran on the DirectML host (ORT {host.get('ort_version')}, "
+            + ("software rendering: no basis for a speedup" if host.get("software") else "under Wine")
+            + "), which optimize does not time; `dmlopt bench OUT --ep dml` times it there")
+
+
 def _validate_real(original: ir.Model, model: ir.Model, real, context: PassContext, inputs, validation,
                    progress=None, ort_version: str | None = None) -> dict:
     """The output on the real DirectML EP against the input on the CPU EP, with the tolerances the
     CPU validation used; without a real EP, why not and how to get one."""
     if real is None:
         return {"passed": None, "skipped": real_ep.why_not(ort_version, "validation on the real DirectML EP")}
-    if progress:
-        progress(f"validate on the real DirectML EP (ORT {real.version})")
     per_output = {o["name"]: (o["atol"], o["rtol"]) for o in validation["outputs"]}
-    return real_ep.validate_real(original, model, real, shapes=context.shapes, dims=context.dims, inputs=inputs,
-                                 per_output=per_output)
+    with ticking(progress, f"validate on the real DirectML EP (ORT {real.version})"):
+        return real_ep.validate_real(original, model, real, shapes=context.shapes, dims=context.dims,
+                                     inputs=inputs, per_output=per_output)
 
 
 def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: bool, progress=None,
@@ -298,11 +304,14 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
     if target in ("dml", "cuda"):
         made = dict(zip(("placement", "prepared"), predicted)) if predicted else {}
         readiness = graph_capture_readiness(work, context.target, **made)
+        real = rep.real_ep or {}
+        if target == "dml" and real.get("passed") is not None and real.get("placement"):  # measured decides
+            readiness = with_measured_placement(readiness, real["placement"], (real.get("host") or {}).get(
+                "ort_version", "?"))
         rep.graph_capture = readiness.to_dict()
     elif target == "webgpu":  # measured from the EP where it runs (dmlopt.targets.webgpu.placement)
-        if progress:
-            progress("placement on the WebGPU EP")
-        measured = webgpu_placement.measure(work, dims=context.dims)
+        with ticking(progress, "placement on the WebGPU EP"):
+            measured = webgpu_placement.measure(work, dims=context.dims)
         readiness = webgpu_placement.readiness(work, measured)
         rep.graph_capture = {**readiness.to_dict(), "placement": measured}
     ep_tuning = None
@@ -312,17 +321,24 @@ def _session_recommendation(rep, work: ir.Model, context: PassContext, tune: boo
         ep_tuning = bench.tune_ep(work, target, runs=5, warmup=1, shapes=context.shapes, dims=context.dims,
                                   free_dims=context.dims)
     cfg = session_config.recommend(work, context.target, readiness=readiness,
-                                   ep_tuning=ep_tuning, dims=_validated_dims(work, context),
+                                   ep_tuning=ep_tuning, dims=_user_dims(work, context),
                                    precision=context.precision)
     rep.session_config = {"config": cfg, "path": None, "snippet": None}
 
 
-def _validated_dims(model: ir.Model, context: PassContext) -> dict[str, int]:
-    """The named dims' sizes validation and timing used (the user's, else dmlopt.input_sizes')."""
-    try:
-        return {**input_sizes.choose(model, context.shapes, context.dims).dims, **context.dims}
-    except DmlOptError:  # a dim nothing sizes (--no-validate): the user's only
-        return dict(context.dims)
+def _user_dims(model: ir.Model, context: PassContext) -> dict[str, int]:
+    """The named dims the user fixed: --dim, and the dims --shape gives a size (by position in
+    `model`'s inputs).  The session file pins these only (session_config.recommend)."""
+    found = {}
+    for value in model.graph.inputs:
+        shape = (context.shapes or {}).get(value.name)
+        if shape is None or value.shape is None or len(shape) != len(value.shape.dims):
+            continue
+        for dim, size in zip(value.shape.dims, shape):
+            name = getattr(dim, "value", None) if not isinstance(dim, int) else None
+            if name:
+                found[name] = int(size)
+    return {**found, **(context.dims or {})}
 
 
 class PassRunner:
@@ -403,13 +419,17 @@ def _repair_fp16(original, work, start, at, run, only, rep, check, progress) -> 
 
 def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep: bool = False) -> str | None:
     """Replay the passes one by one, validating after each: the first failure is the culprit.
+    A pass that changed nothing is never blamed (nor any pass when none changed the model).
     `on_ep`: validated on the WebGPU EP (dmlopt.targets.webgpu.validation), where the CPU EP saw none."""
     work = original.clone()
     for cls in pass_classes:
         p = cls(context)
         if not explicit and not p.enabled():
             continue
-        work = p(work).model
+        result = p(work)
+        work = result.model
+        if not result.modified:
+            continue
         try:
             if on_ep:
                 if not webgpu_validation.on_ep(original, work, shapes=context.shapes, dims=context.dims,
@@ -425,5 +445,4 @@ def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep
 
 def require_valid(result: Result) -> None:
     if not result.passed:
-        culprit = f" (first failing pass: {result.report.broken_by})" if result.report.broken_by else ""
-        raise CheckFailed(f"the optimized model does not match the original{culprit}")
+        raise CheckFailed(result.report.failure())

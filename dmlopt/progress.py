@@ -13,13 +13,17 @@ only to an interactive stderr, so logs, pipes and CI stay clean; ``-q`` turns it
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from typing import TextIO
 
 BAR_WIDTH = 28
 # Redraw at most this often (seconds), so a fast loop does not flood the terminal.
 REDRAW_S = 0.05
+# A long step's elapsed time is redrawn this often (seconds).
+TICK_S = 1.0
 
 
 def is_terminal(stream: TextIO | None) -> bool:
@@ -100,6 +104,34 @@ class Steps:
     def bar(self, label: str, total: int) -> Bar:
         return Bar(label, total, self.stream, self.enabled)
 
+    @contextlib.contextmanager
+    def ticking(self, label: str):
+        """One long step that reports nothing itself (a child process on the DirectML host, a
+        WebGPU run): its line with the elapsed time, redrawn every TICK_S until it ends."""
+        if not self.enabled:
+            yield
+            return
+        start, stop = time.perf_counter(), threading.Event()
+
+        def draw(end: str = "") -> None:
+            self.stream.write(f"\rdmlopt: [{start - self._start:6.1f}s] {label} ... "
+                              f"{time.perf_counter() - start:.0f}s\x1b[K{end}")
+            self.stream.flush()
+
+        def tick() -> None:
+            while not stop.wait(TICK_S):
+                draw()
+
+        draw()
+        thread = threading.Thread(target=tick, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            draw("\n")
+
 
 def bar_for(progress, label: str, total: int) -> Bar:
     """A bar from a progress callback that has ``.bar`` (Steps), else a silent one."""
@@ -107,3 +139,9 @@ def bar_for(progress, label: str, total: int) -> Bar:
     if make is None:
         return Bar(label, total, enabled=False)
     return make(label, total)
+
+
+def ticking(progress, label: str):
+    """`Steps.ticking` from a progress callback that has it; else nothing is shown."""
+    make = getattr(progress, "ticking", None)
+    return make(label) if make is not None else contextlib.nullcontext()

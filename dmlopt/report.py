@@ -51,7 +51,7 @@ from dmlopt.targets.dml import real_ep
 from dmlopt.jsontext import json_text
 from dmlopt.model import initializer_bytes, write_text
 from dmlopt.tables import format_table
-from dmlopt.validate import shapes_text
+from dmlopt.validate import RULE, output_rows, shapes_text
 from dmlopt.version import __version__
 
 DML_PROVIDER = "DmlExecutionProvider"
@@ -124,6 +124,15 @@ class Report:
         d = {"verdict": self.verdict(), "dmlopt_version": __version__, **d}
         return d
 
+    def failure(self) -> str:
+        """Why the output was refused, in one sentence: the input model's own non-finite outputs,
+        else the mismatch and the first pass that changed and broke it."""
+        v = self.validation or {}
+        if v.get("reference_nonfinite") and not v.get("cpu_passed", v.get("passed")):
+            return f"numerics not comparable: {_no_finite_reference(v)}"
+        culprit = f" (first failing pass: {self.broken_by})" if self.broken_by else ""
+        return f"the optimized model does not match the original{culprit}"
+
     def verdict(self) -> list[str]:
         """What the user came for, one line each: DirectML placement before -> after, numerics with
         the shapes used, timing (or why none)."""
@@ -145,14 +154,17 @@ class Report:
             lines.append("numerics: not checked (--no-validate)")
         else:
             where = shapes_text(v.get("inputs") or {}, v.get("input_basis"))
-            worst = max((o["max_rel"] for o in v["outputs"]), default=0.0)
-            state = (f"match (max relative error {worst:.2g})" if v["passed"]
-                     else "DIFFER" + (f" (first failing pass: {self.broken_by})" if self.broken_by else ""))
+            worst = max((o.get("rel_l2", o["max_rel"]) for o in v["outputs"]), default=0.0)
+            blame = f" (first failing pass: {self.broken_by})" if self.broken_by else ""
+            cpu_passed = v.get("cpu_passed", v["passed"])
+            state = (f"match (max relative L2 error {worst:.2g})" if cpu_passed else
+                     f"not comparable: {_no_finite_reference(v)}" if v.get("reference_nonfinite") else "DIFFER" + blame)
             lines.append(f"numerics (ORT CPU EP): {state} on {where}")
             on_ep = v.get("webgpu")
             if on_ep is not None:  # the optimized model on the WebGPU EP itself (dmlopt.targets.webgpu.validation)
                 lines.append("numerics (WebGPU EP): " + (f"not run ({on_ep['skipped']})" if "skipped" in on_ep else
-                             f"{'match' if on_ep['passed'] else 'DIFFER'} on {on_ep['adapter']}"))
+                             f"{'match' if on_ep['passed'] else 'DIFFER'} on {on_ep['adapter']}"
+                             + ("" if on_ep["passed"] or not cpu_passed else blame)))
         if self.real_ep is not None:  # the optimized model on the real DirectML EP
             r = self.real_ep
             if r.get("passed") is None:
@@ -292,20 +304,23 @@ def _fp16_repair_text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _no_finite_reference(v: dict[str, Any]) -> str:
+    names = ", ".join(f"'{printable(n)}'" for n in v["reference_nonfinite"])
+    return (f"the input model computes no finite values on these inputs (output {names} all NaN/inf); validate "
+            "on real data with --inputs FILE.npz")
+
+
 def _validation_table(v: dict[str, Any]) -> str:
-    rows = [("output", "max abs", "max rel", "cosine", "result")]
-    for o in v["outputs"]:
-        rows.append((o["name"], f"{o['max_abs']:.3g}", f"{o['max_rel']:.3g}", f"{o['cosine']:.6f}",
-                     "ok" if o["passed"] else "FAIL"))
-    text = "validation per output (ORT CPU EP, " + ("passed" if v.get("cpu_passed", v["passed"]) else "FAILED") + "):\n"
-    text += format_table(rows)
+    """The rows the verdict is made of: on the CPU EP, then on the WebGPU EP when it ran there
+    (each row's result is that row's own; the WebGPU rows decide when present)."""
+    text = ("validation per output (ORT CPU EP, " + ("passed" if v.get("cpu_passed", v["passed"]) else "FAILED")
+            + f"; rule: {RULE}):\n" + output_rows(v["outputs"]))
     on_ep = v.get("webgpu")
     if on_ep is not None and "skipped" in on_ep:
         text += f"\nvalidation on the WebGPU EP: not run ({on_ep['skipped']}): validate on the target machine"
     elif on_ep is not None:  # dmlopt.targets.webgpu.validation: the optimized model on the WebGPU EP
-        worst = max((o["max_abs"] for o in on_ep["optimized"]["outputs"]), default=0.0)
         text += (f"\nvalidation on the WebGPU EP ({on_ep['adapter']}): {'passed' if on_ep['passed'] else 'FAILED'}: "
-                 f"{on_ep['verdict']} (max abs {worst:.3g})")
+                 f"{on_ep['verdict']}\n" + output_rows(on_ep["optimized"]["outputs"]))
     return text
 
 

@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from dmlopt import input_sizes, limits, scratch
 from dmlopt.errors import InputError, ProviderError
-from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers
+from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers, weightless_proto
 from dmlopt import vulkan as webgpu_adapter
 from dmlopt.targets.webgpu import host as webgpu_host
 
@@ -294,8 +294,24 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
         elif not rewrites:
             so.add_session_config_entry("session.disable_prepacking", "1")
             return _shared_session(rt, model, so, providers, weight_cache, external=False)
-    with model_source(model) as src:
-        return _create(rt, src, options(), providers)
+    try:
+        with model_source(model) as src:
+            return _create(rt, src, options(), providers)
+    except InputError as e:
+        raise InputError(users_file(str(e), model)) from e
+
+
+# A copy dmlopt writes for ORT (model_source, shared_weights_source): ORT's messages name it.
+TEMP_COPY = re.compile(r"\S*dmlopt-ort-[^/\\\s]*[/\\]model\.onnx(\.data)?")
+SOURCE_KEY = "dmlopt.source"  # model.meta: the file a model was loaded from (dmlopt.model.load)
+
+
+def users_file(text: str, model: ir.Model) -> str:
+    """`text` with the path of dmlopt's temporary copy replaced by the user's file (or, for a model
+    made in memory, said to be dmlopt's copy of it)."""
+    source = model.meta.get(SOURCE_KEY)
+    what = f"{source} (through dmlopt's temporary copy)" if source else "dmlopt's temporary copy of the model"
+    return TEMP_COPY.sub(lambda m: what + (" data" if m.group(1) else ""), text)
 
 
 def _shared_session(rt, model, so, providers, cache, *, external: bool):
@@ -305,7 +321,10 @@ def _shared_session(rt, model, so, providers, cache, *, external: bool):
         else:
             for name, value in weights:
                 so.add_initializer(name, value)
-        sess = _create(rt, src, so, providers)
+        try:
+            sess = _create(rt, src, so, providers)
+        except InputError as e:
+            raise InputError(users_file(str(e), model)) from e
     sess.dmlopt_shared_weights = weights  # ORT reads these buffers while the session lives
     return sess
 
@@ -412,6 +431,22 @@ def _random_array(rng: np.random.Generator, shape: list[int], dtype: np.dtype) -
         stop = min(start + RANDOM_CHUNK, flat.size)
         flat[start:stop] = rng.standard_normal(stop - start, dtype=np.float32)
     return out
+
+
+def load_problem(model: ir.Model) -> str | None:
+    """Why ONNX Runtime (this build, CPU EP: every provider falls back to it) cannot load `model`,
+    whole, or None: a node no provider implements (a custom domain's op) is a load failure, not a
+    DirectML fallback.  The weights are left out (large ones become inputs), so this is cheap."""
+    rt = ort()
+    so = rt.SessionOptions()
+    so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    try:
+        rt.InferenceSession(weightless_proto(model).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises several types
+        text = " ".join(str(e).split())
+        return re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", text) or type(e).__name__
+    return None
 
 
 def _first_line(e: BaseException) -> str:

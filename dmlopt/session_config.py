@@ -54,8 +54,9 @@ def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None 
     """The session configuration for `model` (already optimized) on `target`, as a JSON-ready dict.
 
     `readiness`: graph_capture_readiness of the model (graph capture is enabled only when ready);
-    `ep_tuning`: ``bench.tune_ep`` on the model (measured provider options); `dims`: values for
-    dims left dynamic (default 1, the size dmlopt validates with).  A resolved `Target` gives its
+    `ep_tuning`: ``bench.tune_ep`` on the model (measured provider options); `dims`: the sizes the
+    user fixed (--dim, and --shape's named dims): only these are pinned, never a size dmlopt chose
+    to validate with (a detector validated at 32x32 would refuse a 640x640 image).  A resolved `Target` gives its
     `deployed_version` (else the graph-capture check's version is named)."""
     if isinstance(target, Target):
         target, ort_version = target.ep, target.deployed_version
@@ -100,10 +101,16 @@ def recommend(model: ir.Model, target: Target | str, *, ort_version: str | None 
         webgpu_session.recommend(cfg, put, readiness, precision, measured=set(measured))
     _graph_capture(cfg, put, target, readiness)
     for name in _dynamic_dims(model):
-        value = int((dims or {}).get(name, 1))
-        put("free_dimension_overrides", name, value,
-            f"'{name}' is still dynamic in the model; a fixed value lets ORT fold the shape arithmetic and the "
-            f"provider compile static shapes. {value} is what dmlopt validated with: set the size you run")
+        if name in (dims or {}):
+            value = int(dims[name])
+            put("free_dimension_overrides", name, value,
+                f"'{name}' is still dynamic in the model and you fixed it at {value} (--dim/--shape): a fixed value "
+                "lets ORT fold the shape arithmetic and the provider compile static shapes")
+        else:  # a size dmlopt chose to validate with is not the user's: pinning it refuses every other size
+            cfg["not_set"][f"free_dimension_overrides.{name}"] = (
+                f"'{name}' is dynamic and you did not fix it, so the session takes any size; when every run uses "
+                f"one size, pin it (dmlopt optimize --dim {name}=SIZE, or add_free_dimension_override_by_name) "
+                "so ORT folds the shape arithmetic")
     return cfg
 
 

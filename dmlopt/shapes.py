@@ -12,7 +12,7 @@ Accepted spellings:
   ``DIM_PARAM=VALUE``   a named dynamic axis (``batch=1``); it freezes every occurrence.
 
 Refused (``UsageError``, exit 2, one line): malformed text, a value that is not a positive
-integer or does not fit in int64, an input or dim name the model does not have, a shape of the
+integer (0 is accepted in a shape exactly where the model declares 0) or does not fit in int64, an input or dim name the model does not have, a shape of the
 wrong rank, a value that contradicts a static dim, and two settings that give one named dim two values.
 """
 
@@ -44,7 +44,7 @@ def parse_shape(text: str) -> dict[str, list[int]]:
             return {name: []}  # Polygraphy's spelling of a scalar
     if not dims_text:
         raise UsageError(f"{where}: no dimensions after ':' (a scalar is NAME:[])")
-    return {name: [_positive(item, where) for item in dims_text.split(",")]}
+    return {name: [_positive(item, where, zero_ok=True) for item in dims_text.split(",")]}
 
 
 def parse_dim(text: str) -> dict[str, int]:
@@ -57,7 +57,8 @@ def parse_dim(text: str) -> dict[str, int]:
     return {name: _positive(value, where)}
 
 
-def _positive(item: str, where: str) -> int:
+def _positive(item: str, where: str, zero_ok: bool = False) -> int:
+    """A dimension; `zero_ok`: 0 too (a shape may give 0 where the model declares 0: check_shapes)."""
     item = item.strip()
     if not item:
         raise UsageError(f"{where}: empty dimension (two commas in a row?)")
@@ -65,7 +66,7 @@ def _positive(item: str, where: str) -> int:
         value = int(item)
     except ValueError:
         raise UsageError(f"{where}: '{item}' is not an integer") from None
-    if value <= 0:
+    if value < 0 or value == 0 and not zero_ok:
         raise UsageError(f"{where}: dimensions must be positive integers (got {value})")
     if value > MAX_DIM:
         raise UsageError(f"{where}: {value} is larger than an ONNX dimension can be (at most 2**63-1)")
@@ -112,8 +113,13 @@ def check_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None,
                              f"(inputs: {', '.join(inputs) or 'none'})")
         if isinstance(given, (str, bytes, Mapping)) or not hasattr(given, "__iter__"):
             raise UsageError(f"shape for input '{name}': expected a list of dimensions, got {given!r}")
-        given = [_checked_value(d, f"shape for input '{name}'") for d in given]
+        given = [_checked_value(d, f"shape for input '{name}'", zero_ok=True) for d in given]
         shape = inputs[name].shape
+        for axis, value in enumerate(given):  # 0 is legal ONNX, given exactly where the model declares it
+            dim = shape.dims[axis] if shape is not None and axis < len(shape) else None
+            if value == 0 and dim != 0:
+                raise UsageError(f"shape for input '{name}': dimensions must be positive integers (got 0) for dim "
+                                 f"{axis}: 0 only where the model declares 0")
         if shape is None:
             continue
         if len(given) != len(shape):
@@ -140,10 +146,10 @@ def check_shapes(model: ir.Model, shapes: Mapping[str, Sequence[int]] | None,
     return values
 
 
-def _checked_value(value, where: str) -> int:
+def _checked_value(value, where: str, zero_ok: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) and not _is_integral(value):
         raise UsageError(f"{where}: {value!r} is not an integer")
-    if int(value) <= 0:
+    if int(value) < 0 or int(value) == 0 and not zero_ok:
         raise UsageError(f"{where}: dimensions must be positive integers (got {int(value)})")
     if int(value) > MAX_DIM:
         raise UsageError(f"{where}: {int(value)} is larger than an ONNX dimension can be (at most 2**63-1)")

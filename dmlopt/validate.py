@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import input_sizes, runtime
+from dmlopt import input_sizes, input_values, runtime
 from dmlopt.errors import CELL_WIDTH, TEXT_WIDTH, InputError, UsageError, printable
 from dmlopt.inputs_file import read_npz
 from dmlopt.model import ModelLike, load
@@ -34,17 +34,29 @@ from dmlopt.shape_inference import infer_shapes
 from dmlopt.shapes import check_shapes
 from dmlopt.tables import format_table
 
-# dtype kind/name -> (atol, rtol)
+# dtype name -> (atol, rtol): the error allowed, `rtol` relative to the reference's own scale
+# (see `compare` for the rule; README "Validation rule" for the measurements behind the numbers).
+# atol, an absolute error small enough to ignore, is 0: an absolute floor is what let an all-zeros
+# output pass against a reference of magnitude 1e-5.
 DEFAULT_TOLERANCES = {
-    "float64": (1e-7, 1e-6),
-    "float32": (1e-4, 1e-4),
-    "float16": (1e-2, 1e-2),
-    "bfloat16": (5e-2, 5e-2),
+    "float64": (0.0, 1e-6),
+    "float32": (0.0, 1e-4),
+    "float16": (0.0, 1e-2),
+    "bfloat16": (0.0, 5e-2),
 }
+# The single worst element may be off this many times `rtol` of the reference's range (max - min):
+# a float16 ViT's worst element is off ~30x its RMS error relative to the range's RMS, a wrong
+# value (zeros, a sign, a permutation) ~100% of the range.
+WORST_ELEMENT_FACTOR = 10.0
+RULE = ("rel L2 = ||cand-ref|| / ||ref|| <= rtol (+ atol), and max abs <= atol + 10*rtol*range(ref) "
+        "+ 1 ulp of the output's float type")
 
 
 @dataclasses.dataclass
 class OutputCheck:
+    """One output's comparison.  `max_rel` is max abs over the reference's range (max - min;
+    max |ref| when the reference is constant); `decided_by` names the rule that decided: for a
+    failure the one broken, for a pass the one closest to its limit."""
     name: str
     dtype: str
     shape: list[int]
@@ -55,6 +67,9 @@ class OutputCheck:
     rtol: float
     passed: bool
     reason: str = ""
+    rel_l2: float = 0.0
+    range: float = 0.0
+    decided_by: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,6 +81,9 @@ class Validation:
     inputs: dict[str, list[int]]
     seed: int | None
     basis: list[str] = dataclasses.field(default_factory=list)
+    # outputs the reference (the input model) computes without a single finite value on these
+    # inputs: a failure there is the inputs', not a rewrite's
+    reference_nonfinite: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -73,16 +91,34 @@ class Validation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "inputs": self.inputs, "input_basis": self.basis, "seed": self.seed,
-                "outputs": [o.to_dict() for o in self.outputs]}
+                "reference_nonfinite": self.reference_nonfinite, "outputs": [o.to_dict() for o in self.outputs]}
 
     def to_table(self) -> str:
-        rows = [("output", "dtype", "shape", "max abs", "max rel", "cosine", "tolerance", "result")]
-        for o in self.outputs:
-            rows.append((o.name, o.dtype, "x".join(map(str, o.shape)) or "scalar", f"{o.max_abs:.3g}",
-                         f"{o.max_rel:.3g}", f"{o.cosine:.6f}", f"{o.atol:g}+{o.rtol:g}*|ref|",
-                         "ok" if o.passed else f"FAIL {o.reason}".strip()))
         verdict = "numerics: " + ("match" if self.passed else "DIFFER") + f" on {shapes_text(self.inputs, self.basis)}"
-        return verdict + "\n" + format_table(rows)
+        return verdict + "\n" + output_rows([o.to_dict() for o in self.outputs])
+
+
+def output_rows(outputs: list[Mapping[str, Any]]) -> str:
+    """The per-output table (validation on the CPU EP, on the real DirectML EP, on WebGPU): its
+    "result" is the row's own `passed`, the same value the verdict is made of."""
+    rows = [("output", "dtype", "shape", "rel L2", "max abs", "max abs/range", "cosine", "rtol", "result")]
+    for o in outputs:
+        rows.append((o["name"], o["dtype"], "x".join(map(str, o["shape"])) or "scalar", _num(o.get("rel_l2")),
+                     _num(o["max_abs"]), _num(o["max_rel"]), _num(o["cosine"], ".6f"), f"{o['rtol']:g}"
+                     + (f" atol {o['atol']:g}" if o["atol"] else ""), result_text(o)))
+    return format_table(rows)
+
+
+def result_text(o: Mapping[str, Any]) -> str:
+    """``ok (rel L2)``: the verdict and the rule that decided it."""
+    why = o.get("decided_by") or ""
+    if o["passed"]:
+        return f"ok ({why})" if why else "ok"
+    return f"FAIL {o.get('reason') or why}".strip()
+
+
+def _num(value, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def shapes_text(inputs: Mapping[str, list[int]], basis: list[str] | None = None) -> str:
@@ -99,10 +135,12 @@ def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *,
-                basis: list[str] | None = None) -> dict[str, np.ndarray]:
+                basis: list[str] | None = None, unread: list[str] | None = None) -> dict[str, np.ndarray]:
     """Inputs both models accept: given ones, else seeded random ones of sizes that exercise the
     model (dmlopt.input_sizes: the candidate's static dims first, so a shape-fixed output and its
     dynamic original run the same inputs).  `basis` gets where each chosen size came from.
+    Inputs the graph uses as sizes, axes, indices or divisors get values valid there
+    (dmlopt.input_values; noted in `basis`); `unread` gets the integer inputs left random.
 
     Arrays of the file that are not inputs (an .npz that also holds reference outputs) are left out."""
     if isinstance(inputs, (str, os.PathLike)):
@@ -116,6 +154,12 @@ def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *
     shapes = {**_fully_static(cand, names), **(shapes or {}), **{k: list(v.shape) for k, v in given.items()}}
     specs = runtime.input_specs(ref, shapes, dims, fixed=input_sizes.static_dims(cand), basis=basis)
     feeds = runtime.random_inputs({k: v for k, v in specs.items() if k not in given}, seed)
+    chosen, notes, random = input_values.meaningful(ref, feeds, seed)
+    feeds.update(chosen)
+    if basis is not None:
+        basis.extend(notes)
+    if unread is not None:
+        unread.extend(random)
     feeds.update(given)
     return feeds
 
@@ -141,21 +185,35 @@ def _close(name: str, candidates) -> str:
 def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]] | None = None,
              dims: Mapping[str, int] | None = None, inputs=None, atol: float | None = None,
              rtol: float | None = None, seed: int = 0, ep: str = "cpu",
-             allow_nonfinite: bool = False) -> Validation:
+             allow_nonfinite: bool = False, progress=None) -> Validation:
     """Run both models on the same inputs (CPU EP, ORT rewrites off) and compare every output
-    (`compare`; `allow_nonfinite`: outputs with no finite value may pass, see there).
+    (`compare`; `allow_nonfinite`: outputs with no finite value may pass, see there).  A model that
+    computes in float16 is judged with float16's `rtol` (unless given), also where its outputs are
+    float32 (--keep-io-types): float32 tolerances failed an fp16 model on the real DirectML EP.
     `ep`: the provider CAND runs on (REF stays on the CPU EP, the reference): a kernel of that EP
-    that computes differently shows as a mismatch (WebGPU's MultiHeadAttention on lavapipe)."""
+    that computes differently shows as a mismatch (WebGPU's MultiHeadAttention on lavapipe).
+    `progress` (a step callback) gets the shapes, and why, before the models run."""
     tolerances(np.dtype(np.float32), atol, rtol)  # bad tolerances refused before any work
     ref_model, cand_model = load(ref), load(cand)
+    _check_same_inputs(ref_model, cand_model)
+    if rtol is None and (_has_float16(ref_model.graph) or _has_float16(cand_model.graph)):
+        rtol = DEFAULT_TOLERANCES["float16"][1]  # computed in float16, whatever its outputs' type
     if shapes or dims:
         check_shapes(ref_model, shapes, dims)
     basis: list[str] = []
-    feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed, basis=basis)
+    unread: list[str] = []
+    feeds = make_inputs(ref_model, cand_model, shapes, dims, inputs, seed, basis=basis, unread=unread)
+    if progress:
+        progress(f"validate on {shapes_text({k: list(v.shape) for k, v in feeds.items()}, basis)}")
     try:
         ref_out = run(ref_model, feeds)
         cand_out = run(cand_model, feeds, ep)
     except InputError as e:
+        if unread and str(e).startswith("ONNX Runtime failed to run"):  # likely: values nothing in the graph explains
+            names = ", ".join(f"'{printable(n, CELL_WIDTH)}'" for n in unread)
+            raise InputError(f"{e} (the integer input(s) {names} got dmlopt's own random values 0/1: the graph does "
+                             "not show what they hold; give real values with --inputs FILE.npz, or inputs= in "
+                             "the API)") from e
         if not basis:
             raise
         used = shapes_text({k: list(v.shape) for k, v in feeds.items()}, basis)
@@ -163,7 +221,29 @@ def validate(ref: ModelLike, cand: ModelLike, *, shapes: Mapping[str, list[int]]
                          "--dim)") from e
     checks = [compare(name, ref_out[name], cand_out.get(name), atol, rtol, allow_nonfinite=allow_nonfinite)
               for name in ref_out]
-    return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed, basis)
+    nonfinite = [name for name, value in ref_out.items() if _no_finite_value(value)]
+    return Validation(checks, {k: list(v.shape) for k, v in feeds.items()}, None if inputs else seed, basis,
+                      nonfinite)
+
+
+def _no_finite_value(value) -> bool:
+    """A float output with elements, none of them finite (all NaN or infinite)."""
+    if isinstance(value, (list, tuple, dict)):
+        return False
+    value = np.asarray(value)
+    return value.dtype.kind == "f" and value.size > 0 and not np.isfinite(value).any()
+
+
+def _check_same_inputs(ref: ir.Model, cand: ir.Model) -> None:
+    """CAND's inputs must be REF's (by name; REF may take more): else the names that differ, before
+    ORT says only "missing from input feed"."""
+    ref_names = [v.name for v in input_sizes.runtime_inputs(ref)]
+    extra = [v.name for v in input_sizes.runtime_inputs(cand) if v.name not in ref_names]
+    if extra:
+        shown = ", ".join(f"'{printable(n, CELL_WIDTH)}'{_close(n, ref_names)}" for n in extra)
+        raise UsageError(f"CAND takes inputs REF does not: {shown} (REF takes "
+                         f"{', '.join(repr(printable(n, CELL_WIDTH)) for n in ref_names) or 'none'}); both "
+                         "models must take the same inputs")
 
 
 def run(model, feeds: Mapping[str, np.ndarray], target: str = "cpu") -> dict[str, np.ndarray]:
@@ -200,6 +280,8 @@ def _has_float16(graph: ir.Graph) -> bool:
     if any(v.dtype == HALF for v in (*graph.inputs, *graph.initializers.values(),
                                      *(o for node in graph for o in node.outputs))):
         return True
+    if any(v.const_value is not None and v.const_value.dtype == HALF for v in graph.initializers.values()):
+        return True
     return any(_makes_float16(attr) for node in graph for attr in node.attributes.values())
 
 
@@ -219,12 +301,13 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
     inputs and outputs keep their float16 type and names."""
     model = model.clone()
     infer_shapes(model)  # every float16 value typed (a saved model keeps no value_info); best effort
+    _type_contrib_outputs(model)
     graph = model.graph
     taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
     taken |= {n.name for n in graph}
     fresh = functools.partial(numbered_name, taken)
-    for value in graph.initializers.values():
-        if value.dtype == HALF and value.const_value is not None:
+    for value in graph.initializers.values():  # a loaded initializer may carry its type on the tensor only
+        if value.const_value is not None and (value.dtype or value.const_value.dtype) == HALF:
             value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
             value.type = ir.TensorType(FULL)
     for value in list(graph.inputs):
@@ -238,6 +321,32 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
                 rounded = _insert_after(graph, value, node, [HALF, FULL], fresh)
                 _keep_output_float16(graph, value, rounded, fresh)
     return model
+
+
+# com.microsoft ops whose every output has input 0's element type (ORT's contrib schemas).
+SAME_TYPE_CONTRIB = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "MultiHeadAttention",
+                     "FusedMatMul", "BiasGelu", "FastGelu", "Gelu", "QuickGelu", "BiasAdd", "GroupNorm",
+                     "SimplifiedLayerNormalization", "RotaryEmbedding", "BiasSplitGelu"}
+
+
+def _type_contrib_outputs(model: ir.Model, rounds: int = 8) -> None:
+    """Type the outputs of com.microsoft nodes ONNX inference cannot (no schema there), and infer
+    again from them: a saved float16 model with contrib ops (dmlopt's --fp16 SAM) otherwise kept
+    float16 values after them untyped, so unrounded, and its rounding copy did not load
+    ("MatMul bound to different types")."""
+    for _ in range(rounds):
+        typed = False
+        for node in model.graph:
+            if node.domain != "com.microsoft" or node.op_type not in SAME_TYPE_CONTRIB or not node.inputs:
+                continue
+            source = node.inputs[0].dtype if node.inputs[0] is not None else None
+            for out in node.outputs:
+                if out.name and out.dtype is None and source is not None:
+                    out.type = ir.TensorType(source)
+                    typed = True
+        if not typed:
+            return
+        infer_shapes(model)
 
 
 def _keep_output_float16(graph: ir.Graph, value: ir.Value, rounded: ir.Value, fresh) -> None:
@@ -314,14 +423,24 @@ def compare(name: str, ref, cand, atol=None, rtol=None, *, allow_nonfinite: bool
     may differ: a float16 interface asked for with --fp16).  A comparison with nothing finite to
     compare (every value NaN or infinite in both) is not a pass: two different models agree
     there.  It passes only with `allow_nonfinite`, and only where both hold the same non-finite
-    values in the same places.  Sequence outputs (lists) are compared element by element."""
+    values in the same places.  Sequence outputs (lists) are compared element by element.
+
+    Values are compared against the reference's own scale, so the rule holds for outputs of any
+    magnitude (softmax probabilities, depth in 1e-3, logits in 1e3) and no wrong output passes:
+    relative L2 error ``||cand - ref|| / ||ref|| <= rtol`` catches an output wrong on the whole
+    (all zeros, a flipped sign, a permutation: ~1 and more), max abs ``<= 10 * rtol * range(ref)``
+    one wrong region or element; each may add `atol` (an absolute error to ignore, default 0)
+    and the max abs one unit in the last place of the output's float type at max |ref| (a float16
+    output cannot be closer).  Defaults by the less precise of the two float types."""
     if isinstance(ref, (list, tuple)) or isinstance(cand, (list, tuple)):
         return _compare_sequence(name, ref, cand, atol, rtol, allow_nonfinite)
     ref = np.asarray(ref)
-    a, r = tolerances(ref.dtype, atol, rtol)
+    cand_dtype = np.asarray(cand).dtype if cand is not None else ref.dtype
+    a, r = tolerances(_less_precise(ref.dtype, cand_dtype), atol, rtol)
 
-    def failed(reason: str, error: float = float("inf")) -> OutputCheck:
-        return OutputCheck(name, str(ref.dtype), list(ref.shape), error, error, 0.0, a, r, False, reason)
+    def failed(reason: str, error: float = float("inf"), rule: str = "") -> OutputCheck:
+        return OutputCheck(name, str(ref.dtype), list(ref.shape), error, error, 0.0, a, r, False, reason,
+                           rel_l2=error, decided_by=rule or reason)
 
     if cand is None:
         return failed("output missing")
@@ -332,42 +451,93 @@ def compare(name: str, ref, cand, atol=None, rtol=None, *, allow_nonfinite: bool
         return failed(f"shape {list(cand.shape)} != {list(ref.shape)}")
     if ref.dtype.kind not in "biufc" or cand.dtype.kind not in "biufc":  # strings: equal or not
         if np.array_equal(ref, cand):
-            return OutputCheck(name, str(ref.dtype), list(ref.shape), 0.0, 0.0, 1.0, a, r, True)
+            return OutputCheck(name, str(ref.dtype), list(ref.shape), 0.0, 0.0, 1.0, a, r, True,
+                               decided_by="equal")
         return failed("values differ")
+    stats = _Stats()
     x_all, y_all = np.ravel(ref), np.ravel(cand)
-    max_abs = scale = dot = xx = yy = 0.0
-    finite_pairs = 0
     for start in range(0, x_all.size, COMPARE_CHUNK):
         x = x_all[start:start + COMPARE_CHUNK].astype(np.float64)
         y = y_all[start:start + COMPARE_CHUNK].astype(np.float64)
         nan_x = np.isnan(x)
         if not np.array_equal(nan_x, np.isnan(y)):
             return failed("NaNs differ", float("nan"))
-        finite = ~nan_x
-        x, y = x[finite], y[finite]
-        finite_pairs += int(np.count_nonzero(np.isfinite(x) & np.isfinite(y)))
+        stats.add(x[~nan_x], y[~nan_x])
+    if x_all.size and not stats.finite_pairs:  # every value NaN or infinite: nothing was compared
+        if not allow_nonfinite:
+            return failed("no finite values to compare (all NaN/inf; see --allow-nonfinite)", float("nan"))
+        if stats.max_abs != 0.0:
+            return failed("non-finite values differ", float("nan"))
+    return _judge(name, ref, cand, stats, a, r)
+
+
+class _Stats:
+    """Sums over the compared elements, chunk by chunk: an infinity equal in both counts as no
+    error and takes no part in the norms (nor in the range)."""
+
+    def __init__(self) -> None:
+        self.max_abs = self.peak = self.err2 = self.dot = self.xx = self.yy = 0.0
+        self.low, self.high = math.inf, -math.inf
+        self.finite_pairs = 0
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.finite_pairs += int(np.count_nonzero(np.isfinite(x) & np.isfinite(y)))
         same_inf = np.isinf(x) & (x == y)
         with np.errstate(invalid="ignore"):  # inf - inf where both are the same inf: masked to 0 here
             diff = np.where(same_inf, 0.0, np.abs(x - y))
         if diff.size:
-            max_abs = max(max_abs, float(diff.max()))
+            self.max_abs = max(self.max_abs, float(diff.max()))
         xv, yv = np.where(np.isinf(x), 0.0, x), np.where(np.isinf(y), 0.0, y)
-        if xv.size:
-            scale = max(scale, float(np.abs(xv).max()))
-        dot += float(np.dot(xv, yv))
-        xx += float(np.dot(xv, xv))
-        yy += float(np.dot(yv, yv))
-    if x_all.size and not finite_pairs:  # every value NaN or infinite: nothing was compared
-        if not allow_nonfinite:
-            return failed("no finite values to compare (all NaN/inf; see --allow-nonfinite)", float("nan"))
-        if max_abs != 0.0:
-            return failed("non-finite values differ", float("nan"))
-    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    nx, ny = float(np.sqrt(xx)), float(np.sqrt(yy))
-    cosine = float(dot / (nx * ny)) if nx > 0 and ny > 0 else (1.0 if nx == ny else 0.0)
-    passed = bool(np.isfinite(max_abs) and max_abs <= a + r * scale)
-    return OutputCheck(name, str(ref.dtype), list(ref.shape), max_abs, max_rel, cosine, a, r, passed,
-                       "" if passed else "error above tolerance")
+        finite_x = x[np.isfinite(x)]
+        if finite_x.size:
+            self.low, self.high = min(self.low, float(finite_x.min())), max(self.high, float(finite_x.max()))
+            self.peak = max(self.peak, float(np.abs(finite_x).max()))
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.where(same_inf, 0.0, x - y)
+        self.err2 += float(np.dot(err, err))
+        self.dot += float(np.dot(xv, yv))
+        self.xx += float(np.dot(xv, xv))
+        self.yy += float(np.dot(yv, yv))
+
+
+def _judge(name: str, ref: np.ndarray, cand: np.ndarray, s: _Stats, a: float, r: float) -> OutputCheck:
+    """The rule of `compare`, on the sums; `decided_by`: the broken rule, else the nearest its limit."""
+    n = max(ref.size, 1)
+    scale = s.high - s.low if s.high > s.low else s.peak
+    nx, ny, ne = math.sqrt(s.xx), math.sqrt(s.yy), math.sqrt(s.err2)
+    rel_l2 = ne / nx if nx > 0 else (0.0 if ne == 0 else math.inf)
+    max_rel = s.max_abs / scale if scale > 0 else (0.0 if s.max_abs == 0 else math.inf)
+    cosine = max(-1.0, min(1.0, s.dot / (nx * ny))) if nx > 0 and ny > 0 else (1.0 if nx == ny else 0.0)
+    ulp = float(np.spacing(np.array(s.peak, _less_precise(ref.dtype, cand.dtype)))) \
+        if ref.dtype.kind == "f" and math.isfinite(s.peak) else 0.0
+    l2_limit = a * math.sqrt(n) + r * nx  # rms(error) <= atol + rtol * rms(ref)
+    max_limit = a + WORST_ELEMENT_FACTOR * r * scale + ulp
+    used = {"rel L2": ne / l2_limit if l2_limit > 0 else (0.0 if ne == 0 else math.inf),
+            "max abs/range": s.max_abs / max_limit if max_limit > 0 else (0.0 if s.max_abs == 0 else math.inf)}
+    if not math.isfinite(s.max_abs) or not math.isfinite(ne):
+        used["max abs/range"] = math.inf
+    rule = max(used, key=lambda k: used[k])
+    passed = used[rule] <= 1.0
+    if ref.dtype.kind != "f" and a == 0 and r == 0:  # integers, booleans: equal or not
+        rule = "exact"
+    if passed:
+        reason = ""
+    elif rule == "rel L2":
+        reason = f"rel L2 {rel_l2:.3g} > {r:g}" + (" (+atol)" if a else "")
+    elif rule == "exact":
+        reason = f"values differ (max abs {s.max_abs:.3g}; {ref.dtype} is compared exactly)"
+    else:
+        reason = f"max abs {s.max_abs:.3g} > {max_limit:.3g} ({WORST_ELEMENT_FACTOR:g}*rtol*range{'+atol' if a else ''})"
+    return OutputCheck(name, str(ref.dtype), list(ref.shape), s.max_abs, max_rel, float(cosine), a, r, passed,
+                       reason, rel_l2=rel_l2, range=scale, decided_by=rule)
+
+
+def _less_precise(a: np.dtype, b: np.dtype) -> np.dtype:
+    """The float type whose tolerances apply: a float16 output against a float32 reference is
+    judged as float16 (it cannot be closer)."""
+    if a.kind == "f" and b.kind == "f" and b.itemsize < a.itemsize:
+        return b
+    return a
 
 
 def _compare_sequence(name: str, ref, cand, atol, rtol, allow_nonfinite: bool) -> OutputCheck:
@@ -377,7 +547,8 @@ def _compare_sequence(name: str, ref, cand, atol, rtol, allow_nonfinite: bool) -
     a, r = atol if atol is not None else 0.0, rtol if rtol is not None else 0.0
 
     def failed(reason: str) -> OutputCheck:
-        return OutputCheck(name, "sequence", [length], float("inf"), float("inf"), 0.0, a, r, False, reason)
+        return OutputCheck(name, "sequence", [length], float("inf"), float("inf"), 0.0, a, r, False, reason,
+                           rel_l2=float("inf"), decided_by=reason)
 
     if cand is None:
         return failed("output missing")
@@ -388,9 +559,11 @@ def _compare_sequence(name: str, ref, cand, atol, rtol, allow_nonfinite: bool) -
     checks = [compare(f"{name}[{i}]", x, y, atol, rtol, allow_nonfinite=allow_nonfinite)
               for i, (x, y) in enumerate(zip(ref, cand))]
     if not checks:
-        return OutputCheck(name, "sequence", [0], 0.0, 0.0, 1.0, a, r, True)
-    worst = next((c for c in checks if not c.passed), max(checks, key=lambda c: c.max_abs))
+        return OutputCheck(name, "sequence", [0], 0.0, 0.0, 1.0, a, r, True, decided_by="equal")
+    worst = next((c for c in checks if not c.passed), max(checks, key=lambda c: c.rel_l2))
     dtype = f"sequence({checks[0].dtype})"
     return OutputCheck(name, dtype, [length], max(c.max_abs for c in checks), max(c.max_rel for c in checks),
                        min(c.cosine for c in checks), worst.atol, worst.rtol, all(c.passed for c in checks),
-                       "" if worst.passed else f"element {worst.name[len(name):]}: {worst.reason}")
+                       "" if worst.passed else f"element {worst.name[len(name):]}: {worst.reason}",
+                       rel_l2=max(c.rel_l2 for c in checks), range=max(c.range for c in checks),
+                       decided_by=f"element {worst.name[len(name):]}: {worst.decided_by}")

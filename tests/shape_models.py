@@ -87,3 +87,53 @@ def token_model(seed: int = 0) -> onnx.ModelProto:
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])], inits)
+
+
+def segformer(seed: int = 0, stages: int = 2) -> onnx.ModelProto:
+    """A Segformer-like encoder (issue 31): per stage an overlapping patch Conv (stride 4, then 2)
+    and efficient self-attention whose keys come from a spatial-reduction Conv (stride 8, then 4):
+    the attention output is at the queries' stride.  Total stride 4*2 along a path = 8 (lcm with
+    the reductions: 32)."""
+    rng = np.random.default_rng(seed)
+    c = 8
+    inits = [numpy_helper.from_array(np.array([0, c, -1], np.int64), "flat")]
+    nodes = []
+    x = "image"
+    for stage, (patch, reduce) in enumerate([(4, 8), (2, 4)][:stages]):
+        cin = 3 if stage == 0 else c
+        inits += [_w(rng, f"p{stage}", c, cin, patch, patch), _w(rng, f"r{stage}", c, c, reduce, reduce)]
+        f, q, k, s, o = (f"{n}{stage}" for n in ("f", "q", "k", "s", "o"))
+        nodes += [helper.make_node("Conv", [x, f"p{stage}"], [f], strides=[patch, patch]),
+                  helper.make_node("Shape", [f], [f"shape{stage}"]),
+                  helper.make_node("Reshape", [f, "flat"], [f"{q}_cn"]),
+                  helper.make_node("Transpose", [f"{q}_cn"], [q], perm=[0, 2, 1]),
+                  helper.make_node("Conv", [f, f"r{stage}"], [f"{k}_img"], strides=[reduce, reduce]),
+                  helper.make_node("Reshape", [f"{k}_img", "flat"], [k]),
+                  helper.make_node("MatMul", [q, k], [f"{s}_raw"]),
+                  helper.make_node("Softmax", [f"{s}_raw"], [s], axis=-1),
+                  helper.make_node("Transpose", [k], [f"{k}_t"], perm=[0, 2, 1]),
+                  helper.make_node("MatMul", [s, f"{k}_t"], [f"{o}_nc"]),
+                  helper.make_node("Transpose", [f"{o}_nc"], [f"{o}_cn"], perm=[0, 2, 1]),
+                  helper.make_node("Reshape", [f"{o}_cn", f"shape{stage}"], [f"{o}_img"]),
+                  helper.make_node("Add", [f"{o}_img", f], [o])]
+        x = o
+    image = helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, "height", "width"])
+    return _model(nodes, [image], [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+
+
+def dpt_head(seed: int = 0) -> onnx.ModelProto:
+    """Depth Anything's shape (issue 31): a patch-14 embedding, then a reassemble branch upsampled
+    x4 and downsampled x2 (stride 14/4*2 = 7) and one downsampled x2 (28): total stride 28."""
+    rng = np.random.default_rng(seed)
+    c = 4
+    inits = [_w(rng, "patch", c, 3, 14, 14), _w(rng, "up", c, c, 4, 4), _w(rng, "down", c, c, 3, 3),
+             _w(rng, "down2", c, c, 3, 3)]
+    nodes = [helper.make_node("Conv", ["image", "patch"], ["t"], strides=[14, 14]),
+             helper.make_node("ConvTranspose", ["t", "up"], ["a"], strides=[4, 4]),
+             helper.make_node("Conv", ["a", "down"], ["b"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["t", "down2"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["b"], ["gb"]),
+             helper.make_node("GlobalAveragePool", ["c"], ["gc"]),
+             helper.make_node("Add", ["gb", "gc"], ["depth"])]
+    image = helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, "height", "width"])
+    return _model(nodes, [image], [helper.make_tensor_value_info("depth", TensorProto.FLOAT, None)], inits)

@@ -12,6 +12,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import dmlopt
 from dmlopt import bench, progress, runtime
 
 from dmlopt.targets.dml import emulate
@@ -404,3 +405,38 @@ def test_a_timing_session_that_cannot_share_the_weights_starts_from_the_serializ
     timer = bench.Timer(model, "cpu", feeds=feeds, profile=False)
     assert not hasattr(timer.session, "dmlopt_shared_weights")
     np.testing.assert_array_equal(timer.run_outputs()[0], expected)
+
+
+def test_demo_says_too_fast_to_time_rather_than_a_spread_that_means_nothing():
+    """Issue 31: sub-millisecond models showed speedups like x0.40-14.94."""
+    from dmlopt.demo import _speed
+
+    assert _speed({"median": 1.0, "p10": 1 / 14.94, "p90": 1 / 0.40, "verdict": "no measurable difference"}) \
+        .startswith("too fast to time here")
+    assert _speed({"median": 0.8, "p10": 0.75, "p90": 0.85, "verdict": "faster"}) == "x1.25 (x1.18-1.33)"
+
+
+def test_min_sample_time_repeats_a_fast_model_within_each_sample():
+    from tests.conftest import conv_leaky_model
+
+    model = dmlopt.load(conv_leaky_model(batch=1))
+    timed = bench.compare({"a": model, "b": model.clone()}, "cpu", runs=3, warmup=1, min_sample_ms=30.0)
+    a, b = timed["models"]["a"], timed["models"]["b"]
+    assert a["runs_per_sample"] == b["runs_per_sample"] > 1  # one run of this model takes far under 30 ms
+    assert len(a["ratios"]) == 3
+
+
+def test_a_long_step_ticks_on_a_terminal_only(monkeypatch):
+    """Issue 31: bench --ep dml (1:41) and the real-EP and WebGPU runs printed nothing until the end."""
+    import time as time_mod
+
+    monkeypatch.setattr(progress, "TICK_S", 0.01)
+    tty = FakeTerminal()
+    with progress.ticking(progress.Steps(tty), "bench m.onnx on the real DirectML EP"):
+        time_mod.sleep(0.1)
+    text = tty.getvalue()
+    assert text.count("\r") >= 3 and text.endswith("s\x1b[K\n") and "bench m.onnx on the real DirectML EP ..." in text
+    for quiet in (progress.Steps(io.StringIO()), progress.Steps(FakeTerminal(), enabled=False), None):
+        with progress.ticking(quiet, "x"):
+            pass
+        assert quiet is None or quiet.stream.getvalue() == ""

@@ -96,7 +96,9 @@ def test_commands_without_a_host_say_how_to_get_one(cli, tmp_path, monkeypatch):
         r = cli(*args)
         assert r.code == 2, args
         line = one_error_line(r.err)
-        assert "DirectML is missing" in line and "dml-wine/setup.sh" in line and "--dml-host" in line
+        assert "DirectML is missing" in line and "--dml-host" in line
+        # issue 31: where a host comes from, in words that hold for a pip install (no ../shared there)
+        assert "../shared" not in line and "dml-wine kit's setup.sh (dmlopt's README" in line
     r = cli("inspect", path, "--ep", "dml")
     assert r.code == 0 and "actual placement: not measured" in r.out and "setup.sh" in r.out
 
@@ -294,3 +296,45 @@ def test_optimize_command_validates_on_the_real_ep(cli, dml_host, tmp_path):
     missing = tmp_path / "m.onnx"
     r = cli("optimize", CNN, "-o", missing, "--dml-host", dml_host.root, "--ort-version", "1.9", "-q")
     assert r.code == 2 and "installed: " in one_error_line(r.err) and not missing.exists()
+
+
+@pytest.mark.dml_host
+def test_bench_auto_uses_the_configured_host_with_a_progress_line(cli, dml_host, monkeypatch):
+    """Issue 31: `bench --ep auto` ignored a configured host; the host run printed nothing for 1:41."""
+    import io
+
+    from dmlopt import cli as cli_mod, progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Terminal()
+    monkeypatch.setattr(cli_mod, "_progress", lambda args: None if args.quiet else progress.Steps(tty))
+    monkeypatch.setenv(host.ENV_VAR, str(dml_host.root))
+    r = cli("bench", CNN, "--ep", "auto", "--runs", "2", "--warmup", "1", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["provider"] == "DmlExecutionProvider"
+    assert "on the real DirectML EP (ORT " in tty.getvalue() and tty.getvalue().endswith("\n")
+    quiet = Terminal()
+    monkeypatch.setattr(cli_mod, "_progress", lambda args: None if args.quiet else progress.Steps(quiet))
+    assert cli("bench", CNN, "--ep", "auto", "--runs", "1", "--warmup", "0", "-q").code == 0
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.dml_host
+def test_where_the_real_ep_ran_it_decides_graph_capture_and_the_session_file(dml_host):
+    """Issue 31: graph capture and OUT.session.json followed the prediction right after the real EP ran."""
+    src = pathlib.Path(__file__).parent / "measured" / "efficientvit.fp16.dmlopt.onnx"
+    result = dmlopt.optimize(src, target="dml", dml_host=dml_host.root)
+    real = result.report.real_ep
+    assert result.passed and real["passed"], result.report.to_table()
+    capture = result.report.graph_capture
+    assert capture["basis"].startswith("DirectML placement measured on the real EP (ORT ")
+    p = real["placement"]
+    assert capture["ready"] is (p["copies"] == 0)
+    entries = result.report.session_config["config"]["session_config_entries"]
+    assert ("ep.dml.enable_graph_capture" in entries) is capture["ready"]
+    # and the timing line no longer says DirectML "is not on this machine" under the line where it ran
+    table = result.report.to_table()
+    assert "is not on this machine" not in table and "DmlExecutionProvider ran on the DirectML host" in table

@@ -25,7 +25,7 @@ LAYERS = {
                # WebGPU facts from ORT's source and the Vulkan device list (both targets): read by passes and runtime alike.
                "dmlopt.targets.webgpu.registry", "dmlopt.vulkan"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
-                   "dmlopt.graph_check", "dmlopt.names", "dmlopt.input_sizes"],
+                   "dmlopt.graph_check", "dmlopt.names", "dmlopt.input_sizes", "dmlopt.input_values"],
     # The WebGPU host registers the plug-in EP that runtime's sessions use.
     "ONNX Runtime": ["dmlopt.targets.webgpu.host", "dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
     # Each target's knowledge in one package (dmlopt.targets.<ep>); graph capture spans targets.

@@ -58,6 +58,12 @@ REAL = {
     # models/hf_tiny.py (transformers): Swin with a dynamic batch (its window arithmetic on the CPU), DETR.
     "swin_tiny_dynamic.onnx": [(272, 8, 0)] * 4,
     "detr_tiny.onnx": [(0, 0, 1)] * 4,
+    # float16 (issue 31; measured 2026-12-06 through the kit's run.sh): dmlopt's `--target dml --fp16` outputs of
+    # models/efficientvit.py (whose Pad constant sat behind the CPU EP's float16->float32 Cast: 1 copy and 3
+    # partitions predicted), models/vit_tiny.py and the bundled small SAM.
+    "efficientvit.fp16.dmlopt.onnx": [(0, 0, 1)] * 4,
+    "vit_tiny.fp16.dmlopt.onnx": [(0, 0, 1)] * 4,
+    "sam_small.fp16.dmlopt.onnx": [(0, 0, 1)] * 4,
 }
 
 
@@ -128,7 +134,7 @@ def test_derived_tables_are_marked_as_such():
 @pytest.mark.dml_host
 @pytest.mark.skipif(not pathlib.Path(KIT_SCRIPT).exists(), reason=f"needs the kit's {KIT_SCRIPT}")
 @pytest.mark.parametrize("name", ["sam_small.onnx", "sam_small_dynamic.onnx", "sam_small.dmlopt.onnx",
-                                  "vit_tiny_dynamic.onnx"])
+                                  "vit_tiny_dynamic.onnx", "efficientvit.fp16.dmlopt.onnx"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_prediction_equals_a_live_run(name, version, tmp_path, prepared, dml_host):
     """The host folder comes from the root conftest's `dml_host` (DMLOPT_DML_HOST; a skip saying why)."""
@@ -157,3 +163,19 @@ def test_contrib_shapes_write_nothing_into_the_working_directory(tmp_path, monke
     model = ir.load(model_path("sam_small_dynamic.batch1-1.14.dmlopt.onnx"))
     assert placement.predict(model, ort_version="1.24").partitions["compiled"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_measured_placement_decides_graph_capture():
+    """Issue 31: the graph-capture line followed the prediction even right after the real EP was measured."""
+    from dmlopt.graph_capture import graph_capture_readiness, with_measured_placement
+
+    model = ir.load(DATA / "sam_small_dynamic.onnx")
+    predicted = graph_capture_readiness(model, "dml", "1.31")
+    assert any(b["kind"] == "copies" for b in predicted.blockers)
+    measured = with_measured_placement(predicted, {"found": True, "cpu_nodes": 0, "copies": 0}, "1.31.1")
+    assert not any(b["kind"] in ("copies", "cpu_output") for b in measured.blockers)
+    assert measured.basis == "DirectML placement measured on the real EP (ORT 1.31.1)"
+    assert any(b["kind"] == "dynamic_dims" for b in measured.blockers)  # not a placement matter: kept
+    worse = with_measured_placement(graph_capture_readiness(ir.load(DATA / "cnn_relu.onnx"), "dml", "1.31"),
+                                    {"found": True, "cpu_nodes": 2, "copies": 3, "cpu_node_names": ["a", "b"]}, "1.31.1")
+    assert not worse.ready and "2 nodes on CPU (measured), 3 copies" in worse.line()

@@ -50,13 +50,14 @@ def test_directml_ready_model_gets_graph_capture_and_reasons():
     _every_entry_has_a_reason(cfg)
 
 
-def test_not_ready_model_gets_no_graph_capture_and_overrides_for_dynamic_dims():
+def test_not_ready_model_gets_no_graph_capture_and_overrides_only_for_dims_the_user_fixed():
     m = dmlopt.load(conv_leaky_model(batch="N"))
     readiness = graph_capture_readiness(m, "dml")
     cfg = session_config.recommend(m, "dml", readiness=readiness)
     assert cfg["session_config_entries"] == {}
     assert cfg["not_set"]["session_config_entries.ep.dml.enable_graph_capture"] == readiness.line()
-    assert cfg["free_dimension_overrides"] == {"N": 1}
+    assert cfg["free_dimension_overrides"] == {}  # issue 31: not pinned at a size dmlopt chose
+    assert "did not fix it" in cfg["not_set"]["free_dimension_overrides.N"]
     assert session_config.recommend(m, "dml", dims={"N": 4})["free_dimension_overrides"] == {"N": 4}
     _every_entry_has_a_reason(cfg)
 
@@ -104,7 +105,8 @@ def test_snippet_creates_a_working_session_from_the_written_file(cli, tmp_path, 
     written = tmp_path / "out.session.json"
     cfg = json.loads(written.read_text())
     assert cfg["format"] == session_config.FORMAT and cfg["model"] == "out.onnx"
-    assert ("N" in cfg["free_dimension_overrides"]) == (not dims)
+    assert "N" not in cfg["free_dimension_overrides"]  # --dim N=1 froze it; without, N stays free
+    assert ("free_dimension_overrides.N" in cfg["not_set"]) == (not dims)
     stand_in = tmp_path / "cpu.session.json"
     stand_in.write_text(json.dumps(session_config.cpu_stand_in(cfg)))
     session = _run_snippet(str(stand_in))
@@ -112,6 +114,9 @@ def test_snippet_creates_a_working_session_from_the_written_file(cli, tmp_path, 
     x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
     ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(session.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-5)
+    if not dims:  # issue 31: validated at N=1, the session still takes the user's batch of 3
+        x3 = np.concatenate([x, x, x])
+        np.testing.assert_allclose(session.run(None, {"x": x3})[0], np.concatenate([ref] * 3), rtol=1e-4, atol=1e-5)
     assert "session configuration: " in r.out and "ort.InferenceSession" in json.loads(
         cli("optimize", src, "-o", out, "--json", *dims).out)["session_config"]["snippet"]
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
@@ -180,3 +185,17 @@ def test_readme_shows_the_snippet_dmlopt_writes():
     readme = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(readme, "README.md"), encoding="utf-8") as f:
         assert session_config.snippet("out.session.json") in f.read()
+
+
+def test_a_dim_the_user_sized_with_shape_is_pinned_and_a_chosen_image_size_is_not(tmp_path):
+    """A detector with dynamic H/W validated at dmlopt's size: the file leaves H/W free (the
+    README's snippet refused 640x640, "Got: 640 Expected: 32"); --shape names a size: pinned."""
+    src = tmp_path / "det.onnx"
+    onnx.save(conv_leaky_model(batch="N", size="S"), src)
+    free = dmlopt.optimize(src, target="cpu", passes=["cleanup"], retime=False)
+    cfg = free.report.session_config["config"]
+    assert cfg["free_dimension_overrides"] == {} and "free_dimension_overrides.S" in cfg["not_set"]
+    fixed = dmlopt.optimize(src, target="cpu", passes=["cleanup"], retime=False, shapes={"x": [2, 3, 40, 40]})
+    fixed_cfg = fixed.report.session_config["config"]
+    assert fixed_cfg["free_dimension_overrides"] in ({}, {"N": 2, "S": 40})  # frozen by --shape, else pinned
+    assert "free_dimension_overrides.S" not in fixed_cfg["not_set"]

@@ -22,6 +22,11 @@ def test_parse_shape_accepts(text, expected):
     assert parse_shape(text) == expected
 
 
+def test_parse_shape_takes_a_zero_that_check_shapes_holds_to_the_model():
+    """0 is legal ONNX where the model declares 0 (issue 31); elsewhere check_shapes refuses it."""
+    assert parse_shape("image:0,3") == {"image": [0, 3]}
+
+
 @pytest.mark.parametrize("text,message", [
     ("image", "expected NAME:D0,D1,..."),
     (":1,3", "expected NAME:D0,D1,..."),
@@ -29,7 +34,6 @@ def test_parse_shape_accepts(text, expected):
     ("image:1,,3", "empty dimension"),
     ("image:1,a,3", "'a' is not an integer"),
     ("image:1.5,3", "'1.5' is not an integer"),
-    ("image:0,3", "positive integers (got 0)"),
     ("image:-1,3", "positive integers (got -1)"),
     ("image:[1,3", "unbalanced brackets"),
     ("image:1,3]", "unbalanced brackets"),

@@ -234,9 +234,12 @@ def test_the_timing_line_names_the_shapes_timed_and_its_spread(tmp_path):
     assert "with x 1x3x8x8" in line and "alternating pairs" in line and "p10-p90" in line
 
 
-def test_session_overrides_are_the_sizes_validated():
+def test_session_leaves_free_the_sizes_dmlopt_chose_to_validate_with():
+    """Issue 31: pinned at 32x32, the session refused the user's 640x640 image."""
     rep = dmlopt.optimize(ir.from_proto(shape_models.unet()), target="dml").report
-    assert rep.session_config["config"]["free_dimension_overrides"] == {"batch": 1, "height": 32, "width": 32}
+    cfg = rep.session_config["config"]
+    assert cfg["free_dimension_overrides"] == {}
+    assert {f"free_dimension_overrides.{d}" for d in ("batch", "height", "width")} <= set(cfg["not_set"])
     assert rep.validation["inputs"] == {"image": [1, 3, 32, 32]}
 
 
@@ -288,3 +291,180 @@ def test_bench_compare_of_identical_files_times_nothing(cli, tmp_path):
     a, b = _save(tmp_path, conv_leaky_model(), "a.onnx"), _save(tmp_path, conv_leaky_model(), "b.onnx")
     r = cli("bench", a, "--compare", b, "--ep", "cpu")
     assert r.code == 0 and r.out.startswith("identical models:") and "ratio" not in r.out
+
+
+# -- issue 31 item 2: image sizes that are right, within a budget, said before the work -----------
+
+def test_total_stride_is_the_product_along_a_path_not_over_every_branch():
+    """A Segformer's spatial-reduction Convs made later stages look coarser (2048 on the real one),
+    Depth Anything's patch-14 with an x4 upsampling branch gave 84."""
+    assert input_sizes.total_stride(ir.from_proto(shape_models.segformer())) == 32
+    assert input_sizes.total_stride(ir.from_proto(shape_models.dpt_head())) == 28
+    v = dmlopt.validate(shape_models.segformer(), shape_models.segformer())
+    assert v.passed and v.inputs == {"image": [1, 3, 32, 32]}
+
+
+def _position_table_model(table: int, patch: int = 16) -> onnx.ModelProto:
+    """A patch embedding added to a static table of table x table positions: only H = W =
+    table * patch fits the graph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, patch, patch)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros((1, 8, table, table), np.float32), "pos")]
+    nodes = [helper.make_node("Conv", ["image", "w"], ["t"], strides=[patch, patch]),
+             helper.make_node("Add", ["t", "pos"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                                         [1, 3, "height", "width"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_image_sizes_are_capped_and_within_a_memory_budget(monkeypatch):
+    """dmlopt sizes image dims itself up to 1024 px and 1 GiB of estimated activations; beyond, one
+    line naming the size it would need and the --dim to give."""
+    fits = input_sizes.choose(ir.from_proto(_position_table_model(32)))  # 512 px: under the cap
+    assert fits.shapes == {"image": [1, 3, 512, 512]}
+    with pytest.raises(input_sizes.FreeDims, match=r"up to 1024 px.*--dim height=N --dim width=N"):
+        input_sizes.choose(ir.from_proto(_position_table_model(128)))  # only 2048 px fits
+    peak = input_sizes.activation_peak(
+        onnx.shape_inference.infer_shapes(_sized(shape_models.segformer(), 512)), ["image"])
+    assert 16 << 20 <= peak < 64 << 20  # the 16 MiB score matrix of stage 1 at 512 px, and little more
+    monkeypatch.setattr(input_sizes, "MEMORY_BUDGET", 2 << 20)
+    with pytest.raises(input_sizes.FreeDims, match=r"512, needs ~\d+ MiB of activations \(estimated\), over the 2 MiB"):
+        input_sizes.choose(ir.from_proto(_position_table_model(32)))
+
+
+def _sized(proto: onnx.ModelProto, size: int) -> onnx.ModelProto:
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    for dim, value in zip(dims, (1, 3, size, size)):
+        dim.Clear()
+        dim.dim_value = value
+    return proto
+
+
+def test_the_sizes_are_said_before_the_models_run():
+    said = []
+
+    def progress(step):
+        said.append(step)
+
+    v = dmlopt.validate(shape_models.unet(), shape_models.unet(), progress=progress)
+    assert v.passed and said == ["validate on image 1x3x32x32 (batch=1 (axis 0, the batch); height,width=32 "
+                                 "(image dims: the smallest multiple of the total stride 4 from 32 that fits the "
+                                 "graph's static shapes))"]
+
+
+# -- issue 31 item 5: messages that say what happened ----------------------------------------------
+
+def test_an_input_model_without_finite_outputs_is_said_so_and_no_pass_is_blamed(cli, tmp_path):
+    """It was "does not match the original (first failing pass: cleanup)"."""
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 8] x) => (float[1, 8] y) {
+            a = Abs(x)
+            n = Neg(a)
+            m1 = Constant <value = float[1] {1.0}> ()
+            s = Sub(n, m1)
+            r = Sqrt(s)
+            y = Identity(r)
+        }'''), "nan.onnx")
+    r = cli("optimize", path, "-o", tmp_path / "out.onnx", "--target", "cpu")
+    assert r.code == 1 and not (tmp_path / "out.onnx").exists()
+    assert "the input model computes no finite values on these inputs (output 'y' all NaN/inf)" in r.err
+    assert "first failing pass" not in r.err + r.out and "not comparable" in r.out
+    rep = dmlopt.optimize(path, target="cpu", retime=False).report
+    assert rep.broken_by is None and rep.validation["reference_nonfinite"] == ["y"]
+
+
+def test_validate_names_the_inputs_two_models_do_not_share(cli, tmp_path):
+    """It was ORT's "missing from input feed"."""
+    ref = _save(tmp_path, conv_leaky_model(), "ref.onnx")
+    other = conv_leaky_model()
+    other.graph.input[0].name = "image"
+    for node in other.graph.node:
+        node.input[:] = ["image" if i == "x" else i for i in node.input]
+    cand = _save(tmp_path, other, "cand.onnx")
+    r = cli("validate", ref, cand)
+    assert r.code == 2 and r.out == "" and len(r.err.strip().splitlines()) == 1
+    assert "CAND takes inputs REF does not: 'image' (REF takes 'x')" in r.err and "input feed" not in r.err
+
+
+def test_inspect_says_onnx_runtime_cannot_load_an_op_no_runtime_implements(cli, tmp_path):
+    """It called the node a DirectML fallback and never said ORT cannot load the model."""
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17, "custom.x" : 1]>
+        g (float[1, 8] x) => (float[1, 8] y) {
+            a = Relu(x)
+            y = custom.x.Frobnicate(a)
+        }'''), "custom.onnx")
+    r = cli("inspect", path, "--ep", "dml")
+    assert r.code == 0  # described (a custom-op library may register it where it is deployed), and said first:
+    first = r.out.splitlines()[0]
+    assert first.startswith("ONNX Runtime ") and "cannot load this model (not a DirectML fallback" in first
+    assert first.endswith("custom.x:Frobnicate(-1) is not a registered function/op")  # ORT's sentence whole
+    assert json.loads(cli("inspect", path, "--json").out)["ort_cannot_load"]
+    assert json.loads(cli("inspect", _save(tmp_path, conv_leaky_model(), "ok.onnx"), "--json").out)[
+        "ort_cannot_load"] is None
+
+
+# -- issue 31 item 6: validation values that fit how the graph uses an input -----------------------
+
+def test_inputs_used_as_sizes_indices_and_divisors_get_values_that_fit(cli, tmp_path):
+    """Random 0/1 integers made ONNX Runtime fail ("ONNX Runtime failed to run the model")."""
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x, int64[3] shape, int64[1] start, int64[1] d, int64[1] k) => (float[a, b, c] y,
+           int64[1] q, float[e] z) {
+            y = Reshape(x, shape)
+            t = Constant <value = int64[1] {7}> ()
+            q = Div(t, d)
+            f = Flatten <axis = 0> (x)
+            f1 = Squeeze(f)
+            z = Slice(f1, start, k)
+        }'''), "roles.onnx")
+    r = cli("validate", path, path)
+    assert r.code == 0, r.err
+    assert "shape: [0,0,-1] (a Reshape's shape, from the graph)" in r.out and "d: [" in r.out
+    v = dmlopt.validate(path, path)
+    assert v.passed and any("a Slice's ends" in b for b in v.basis)
+
+
+def test_an_integer_input_the_graph_does_not_explain_is_named_with_the_way_out(cli, tmp_path):
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[8] x, int64[2] parts) => (float[a] y, float[b] z) {
+            y, z = Split <axis = 0> (x, parts)
+        }'''), "split.onnx")
+    r = cli("validate", path, path)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
+    assert "'parts' got dmlopt's own random values 0/1" in r.err
+    assert "--inputs FILE.npz" in r.err and "inputs= in the API" in r.err
+
+
+def test_a_zero_sized_dim_given_as_the_model_declares_it_is_accepted(cli, tmp_path):
+    path = _save(tmp_path, onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[0, 4] e, float[N, 4] x) => (float[M, 4] y) {
+            y = Concat <axis = 0> (e, x)
+        }'''), "zero.onnx")
+    r = cli("validate", path, path, "--shape", "e:0,4", "--shape", "x:2,4")
+    assert r.code == 0 and "e 0x4, x 2x4" in r.out, r.err
+    assert dmlopt.validate(path, path, shapes={"e": [0, 4]}).passed
+    refused = cli("validate", path, path, "--shape", "x:0,4")
+    assert refused.code == 2 and "0 only where the model declares 0" in refused.err
+
+
+def test_an_error_about_dmlopts_temporary_copy_names_the_users_file(cli, tmp_path):
+    """A model with external data goes to ORT as a temporary copy; ORT's message named that copy."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Add", ["a", "i"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64]),
+                                    helper.make_tensor_value_info("i", TensorProto.INT64, [64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], [w])
+    path = tmp_path / "typed_wrong.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
+              save_as_external_data=True, location="typed_wrong.onnx.data", size_threshold=0)
+    r = cli("validate", path, path)
+    line = r.err.strip()
+    assert r.code == 2 and len(line.splitlines()) == 1
+    assert f"{path} (through dmlopt's temporary copy)" in line and "dmlopt-ort-" not in line
+    assert "random values" not in line  # a load failure, not the values' fault

@@ -1,4 +1,4 @@
-"""The real DirectML EP away from Windows: a host folder made by ../shared/dml-wine/setup.sh.
+"""The real DirectML EP away from Windows: a host folder made by the dml-wine kit's setup.sh.
 
 Why: dmlopt's promise ("validated and re-timed on DirectML") needs the real DmlExecutionProvider.
 On Windows it is onnxruntime-directml in this process; elsewhere it is the Windows build of ONNX
@@ -42,8 +42,11 @@ __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_h
 ENV_VAR = "DMLOPT_DML_HOST"
 TIMEOUT_VAR = "DMLOPT_DML_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600
-HOW_TO = ("to run the real DirectML EP here, make a host folder with `bash ../shared/dml-wine/setup.sh DIR` "
-          f"and pass --dml-host DIR (or set {ENV_VAR}=DIR)")
+# Where a host comes from, in words that hold for a pip install too (the kit is not in the wheel).
+SETUP = ("the dml-wine kit's setup.sh (dmlopt's README, 'The real DirectML EP on Linux', says where it is and "
+         "how to run it)")
+HOW_TO = ("to run the real DirectML EP here, make a DirectML host (a folder with Wine, ONNX Runtime's Windows "
+          f"builds and Vulkan) with {SETUP}, and pass --dml-host DIR (or set {ENV_VAR}=DIR)")
 SOFTWARE_NOTE = "software rendering: not GPU speed"
 RUNNER = pathlib.Path(__file__).with_name("runner.js")
 TOOLS = ("wine", "xvfb-run", "timeout")
@@ -80,8 +83,8 @@ def open_host(folder: str | os.PathLike) -> "Host":
     if not versions:
         missing.append("ort-<version>/ (no ONNX Runtime installed)")
     if missing:
-        raise ProviderError(f"{where} is incomplete: missing {', '.join(missing)} (re-run `bash "
-                            f"../shared/dml-wine/setup.sh {os.fspath(folder)}`)")
+        raise ProviderError(f"{where} is incomplete: missing {', '.join(missing)} (make it again "
+                            f"with {SETUP})")
     return Host(root.resolve(), tuple(versions))
 
 
@@ -115,8 +118,8 @@ class Host:
         if same:
             return same[-1]
         raise UsageError(f"ONNX Runtime {asked} is not installed in the DirectML host {self.root}; installed: "
-                         f"{', '.join(self.versions)} (add it: bash ../shared/dml-wine/setup.sh {self.root} "
-                         f"{asked})")
+                         f"{', '.join(self.versions)} (add it with {SETUP}, "
+                         f"giving it {self.root} and {asked})")
 
     def package(self, version: str) -> pathlib.Path:
         return self.root / f"ort-{version}" / "node_modules" / "onnxruntime-node"

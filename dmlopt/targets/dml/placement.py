@@ -272,8 +272,7 @@ def summary_table(placement: dict[str, Any], *, limit: int = 40) -> str:
     size = "unknown size (dynamic shapes)" if mem["bytes"] is None else _human_bytes(mem["bytes"])
     lines = [
         f"DirectML placement ({_table_text(p)}):",
-        f"  nodes reaching the EP: {p['nodes']} ({p['folded_by_ort']} removed first by ORT's level-1 optimizer: "
-        "constant folding, common subexpressions, eliminations)",
+        f"  nodes reaching the EP: {p['nodes']} ({folded_text(p['folded_by_ort'])})",
         f"  on DirectML: {p['dml_nodes']}   on CPU: {len(p['cpu_nodes'])}",
         f"  copies (Memcpy): {mem['count']} ({mem['from_host']} to GPU, {mem['to_host']} to CPU), {size} per run",
         f"  compiled DML partitions: {parts['count']}" + ("  (whole graph compiled as one)" if parts["compiled"]
@@ -336,3 +335,12 @@ def _human_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def folded_text(folded: int) -> str:
+    """What ORT's level 1 did to the node count, also when it grew (function ops inlined)."""
+    if folded >= 0:
+        return (f"{folded} removed first by ORT's level-1 optimizer: constant folding, common subexpressions, "
+                "eliminations")
+    return (f"{-folded} more after ORT's level-1 optimizer: function ops without a CPU kernel for their type "
+            "(HardSwish in float16) inlined as their bodies")

@@ -67,6 +67,7 @@ def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
         for value in work.graph.initializers.values():
             if value.const_value is not None:
                 value.const_value = ir.tensor(value.const_value.numpy(), name=value.name)
+    _undo_cpu_precision_casts(work)
     originals = {v.name: v.const_value for v in large}
     for value in list(work.graph.inputs):  # the weights become initializers again (the caller's tensors)
         if value.name in originals:
@@ -75,6 +76,42 @@ def ort_level1(model: ir.Model) -> tuple[ir.Model | None, str | None]:
             value.meta[GIVEN_AS_INPUT] = True
             work.graph.register_initializer(value)
     return work, None
+
+
+# ORT's InsertCastTransformer names the Casts and the values it converts so: it runs on the CPU EP's
+# nodes only, around float16 ops the CPU EP has no float16 kernel for.
+CPU_CAST_PREFIX = "InsertedPrecisionFreeCast_"
+
+
+def _undo_cpu_precision_casts(work: ir.Model) -> int:
+    """Take out what only the CPU EP does to a float16 graph: ORT's InsertCastTransformer computes
+    float16 ops without a CPU float16 kernel in float32, between Casts.  The DirectML EP runs them
+    in float16 and gets no such Casts: left in, a Pad's float16 constant behind one was predicted a
+    CPU input (EfficientViT --fp16: 1 copy and 3 partitions predicted, 0 and 1 measured).  The
+    Casts are bypassed and the values ORT converted are float16 again, under their own names."""
+    graph = work.graph
+    removed = 0
+    for node in list(graph):
+        if node.op_type != "Cast" or not (node.name or "").startswith(CPU_CAST_PREFIX) or len(node.inputs) != 1:
+            continue
+        source, made = node.inputs[0], node.outputs[0]
+        name = made.name
+        made.replace_all_uses_with(source, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        if source.name and source.name.startswith(CPU_CAST_PREFIX) and name and not name.startswith(CPU_CAST_PREFIX):
+            source.name = name  # the value under the model's own name again
+        removed += 1
+    taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
+    for node in graph:
+        for value in node.outputs:
+            if value.name and value.name.startswith(CPU_CAST_PREFIX):
+                if value.dtype == ir.DataType.FLOAT:
+                    value.type = ir.TensorType(ir.DataType.FLOAT16)
+                own = value.name[len(CPU_CAST_PREFIX):]
+                if own and own not in taken:
+                    value.name = own
+                    taken.add(own)
+    return removed
 
 
 def _declared(initializer: ir.Value) -> ir.Value:

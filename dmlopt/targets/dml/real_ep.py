@@ -23,7 +23,7 @@ from dmlopt import runtime, scratch
 from dmlopt.errors import ProviderError, UsageError
 from dmlopt.tables import format_table
 from dmlopt.targets.dml import host as host_mod
-from dmlopt.validate import compare, make_inputs, run as run_cpu
+from dmlopt.validate import compare, make_inputs, output_rows, run as run_cpu
 from dmlopt.bench import summary as latency_summary
 
 __all__ = ["RealEP", "host_line", "placement", "resolve", "time_model", "unavailable", "validate_real"]
@@ -137,12 +137,7 @@ def validation_table(result: Mapping[str, Any]) -> str:
     """Verdict first, then the host, then one row per output, then where the nodes ran."""
     verdict = "passed" if result["passed"] else "FAILED"
     lines = [f"validation on the real DirectML EP ({verdict}):", "  " + host_line(result["host"])]
-    rows = [("output", "dtype", "shape", "max abs", "max rel", "cosine", "tolerance", "result")]
-    for o in result["outputs"]:
-        rows.append((o["name"], o["dtype"], "x".join(map(str, o["shape"])) or "scalar", f"{o['max_abs']:.3g}",
-                     f"{o['max_rel']:.3g}", f"{o['cosine']:.6f}", f"{o['atol']:g}+{o['rtol']:g}*|ref|",
-                     "ok" if o["passed"] else f"FAIL {o['reason']}".strip()))
-    lines.append(format_table(rows))
+    lines.append(output_rows(result["outputs"]))
     lines.append("  " + placement_line(result["placement"]))
     return "\n".join(lines)
 
