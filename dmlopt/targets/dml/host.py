@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -34,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dmlopt import scratch
-from dmlopt.errors import InputError, ProviderError, UsageError
+from dmlopt.errors import InputError, ProviderError, UsageError, printable
 from dmlopt.targets.dml import ort_log
 
 __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_host", "placement_summary"]
@@ -42,6 +43,7 @@ __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_h
 ENV_VAR = "DMLOPT_DML_HOST"
 TIMEOUT_VAR = "DMLOPT_DML_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600
+MAX_TIMEOUT_S = 7 * 24 * 3600  # `timeout` and Popen.wait both take it; a larger one is a typo
 HOW_TO = ("to run the real DirectML EP here, make a host folder with `bash ../shared/dml-wine/setup.sh DIR` "
           f"and pass --dml-host DIR (or set {ENV_VAR}=DIR)")
 SOFTWARE_NOTE = "software rendering: not GPU speed"
@@ -64,7 +66,10 @@ def configured(flag: str | os.PathLike | None = None) -> str | None:
 def find(flag: str | os.PathLike | None = None) -> "Host | None":
     """The host when one is configured (checked: a broken one is an error), else None."""
     folder = configured(flag)
-    return None if folder is None else open_host(folder)
+    if folder is None:
+        return None
+    timeout_s()  # the environment's time limit is checked with the folder, before any work
+    return open_host(folder)
 
 
 def open_host(folder: str | os.PathLike) -> "Host":
@@ -185,14 +190,22 @@ class HostRun:
                 for n in entry["nodes"] if n["name"] != PROBE_NODE]
 
 
-def timeout_s(timeout: float | None) -> float:
-    if timeout is not None:
-        return float(timeout)
-    text = os.environ.get(TIMEOUT_VAR, "")
+def timeout_s(timeout: float | str | None = None) -> float:
+    """The time limit of one host run: `timeout`, else DMLOPT_DML_TIMEOUT, else 600 s, checked like
+    an option (exit 2 naming where it came from): `timeout 0` means no limit and NaN or a negative
+    reaches `timeout` itself, which then fails as if the EP had."""
+    where = "timeout" if timeout is not None else TIMEOUT_VAR
+    text = str(timeout) if timeout is not None else os.environ.get(TIMEOUT_VAR, "").strip()
+    if not text:
+        return float(DEFAULT_TIMEOUT_S)
     try:
-        return float(text) if text else DEFAULT_TIMEOUT_S
+        value = float(text)
     except ValueError:
-        raise UsageError(f"{TIMEOUT_VAR}={text!r} is not a number of seconds") from None
+        value = math.nan
+    if not (0 < value <= MAX_TIMEOUT_S):  # NaN fails too
+        raise UsageError(f"{where}={printable(text, 40)!r}: the DirectML host's time limit must be a number of "
+                         f"seconds above 0 and at most {MAX_TIMEOUT_S} (default {DEFAULT_TIMEOUT_S})")
+    return value
 
 
 def with_probe(model: ir.Model) -> ir.Model | None:
