@@ -56,3 +56,56 @@ def test_time_limits_from_the_environment_are_checked_like_options(cli, fake, tm
         return
     line = one_error_line(r.err)
     assert r.code == 2 and host.TIMEOUT_VAR in line and "above 0" in line, line
+
+
+GOOD = {"ok": True, "ort_version": "1.17.3", "session_ms": 1.0, "warmup_ms": [], "run_ms": [1.0],
+        "outputs": [{"name": "y", "file": "out0.npy", "dtype": "float32", "shape": [2, 3]}]}
+ARRAY = np.zeros((2, 3), np.float32)
+
+BAD_ANSWERS = {
+    "not json": ("{'ok': tru", {"out0.npy": ARRAY}),
+    "deep json": ("[" * 100000 + "]" * 100000, {}),
+    "a list": ([GOOD], {"out0.npy": ARRAY}),
+    "ok a string": ({**GOOD, "ok": "yes"}, {"out0.npy": ARRAY}),
+    "session_ms a string": ({**GOOD, "session_ms": "fast"}, {"out0.npy": ARRAY}),
+    "session_ms NaN": ({**GOOD, "session_ms": float("nan")}, {"out0.npy": ARRAY}),
+    "run_ms a map": ({**GOOD, "run_ms": {"0": 1}}, {"out0.npy": ARRAY}),
+    "run_ms empty": ({**GOOD, "run_ms": []}, {"out0.npy": ARRAY}),
+    "outputs a map": ({**GOOD, "outputs": {"y": "out0.npy"}}, {"out0.npy": ARRAY}),
+    "output entry a list": ({**GOOD, "outputs": [["y", "out0.npy"]]}, {"out0.npy": ARRAY}),
+    "output file missing": (GOOD, {}),
+    "output missing": ({**GOOD, "outputs": []}, {}),
+    "output listed twice": ({**GOOD, "outputs": GOOD["outputs"] * 2}, {"out0.npy": ARRAY}),
+    "another output": ({**GOOD, "outputs": [{**GOOD["outputs"][0], "name": "z"}]}, {"out0.npy": ARRAY}),
+    "file out of the folder": ({**GOOD, "outputs": [{**GOOD["outputs"][0], "file": "../job.json"}]}, {}),
+    "file a number": ({**GOOD, "outputs": [{**GOOD["outputs"][0], "file": 7}]}, {"out0.npy": ARRAY}),
+    "wrong shape": (GOOD, {"out0.npy": np.zeros((3, 2), np.float32)}),
+    "wrong rank": (GOOD, {"out0.npy": np.zeros((6,), np.float32)}),
+    "wrong dtype": (GOOD, {"out0.npy": np.zeros((2, 3), np.float64)}),
+    "not npy": (GOOD, {"out0.npy": b"PK\x03\x04 not an array"}),
+    "truncated npy": (GOOD, {"out0.npy": fake_dml_host._files({"a": ARRAY})["a"][:-8]}),
+    "object npy": (GOOD, {"out0.npy": b"\x93NUMPY\x01\x00v\x00{'descr': '|O', 'fortran_order': False, "
+                                     b"'shape': (2, 3), }" + b" " * 58 + b"\n"}),
+    "huge npy header": (GOOD, {"out0.npy": b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, "
+                                          b"'shape': (2, 3000000000000), }" + b" " * 47 + b"\n"}),
+    "error not text": ({"ok": False, "error": {"why": 1}}, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ANSWERS))
+def test_a_bad_answer_is_one_line_naming_the_host(cli, fake, tmp_path, case):
+    result, files = BAD_ANSWERS[case]
+    root = fake(fake_dml_host.answer(result, files))
+    m = identity_model(tmp_path / "m.onnx")
+    for args in (("validate", m, m, "--ep", "dml"), ("bench", m, "--ep", "dml", "--runs", "1", "--warmup", "0")):
+        r = cli(*args, "--dml-host", root)
+        line = one_error_line(r.err)
+        assert r.code == 2 and "DirectML host" in line and "answered badly" in line, (case, line)
+
+
+def test_a_symlinked_output_is_refused(cli, fake, tmp_path):
+    respond = fake_dml_host.answer(GOOD) + "os.symlink('/dev/zero', out / 'out0.npy')\n"
+    root = fake(respond)
+    m = identity_model(tmp_path / "m.onnx")
+    r = cli("validate", m, m, "--ep", "dml", "--dml-host", root)
+    assert r.code == 2 and "answered badly" in one_error_line(r.err)

@@ -26,6 +26,7 @@ import pathlib
 import re
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -36,7 +37,7 @@ import onnx_ir as ir
 
 from dmlopt import scratch
 from dmlopt.errors import InputError, ProviderError, UsageError, printable
-from dmlopt.targets.dml import ort_log
+from dmlopt.targets.dml import host_answer, ort_log
 
 __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_host", "placement_summary"]
 
@@ -46,6 +47,7 @@ DEFAULT_TIMEOUT_S = 600
 MAX_TIMEOUT_S = 7 * 24 * 3600  # `timeout` and Popen.wait both take it; a larger one is a typo
 HOW_TO = ("to run the real DirectML EP here, make a host folder with `bash ../shared/dml-wine/setup.sh DIR` "
           f"and pass --dml-host DIR (or set {ENV_VAR}=DIR)")
+RESULT_BYTES = 2**20  # the runner's result.json: times and a list of outputs
 SOFTWARE_NOTE = "software rendering: not GPU speed"
 RUNNER = pathlib.Path(__file__).with_name("runner.js")
 TOOLS = ("wine", "xvfb-run", "timeout")
@@ -250,25 +252,45 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
         log_path = tmp / "log.txt"
         rc = _launch(host, version, tmp / "job.json", log_path, limit)
         log = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
-        result = _read_result(tmp / "result.json")
         if rc in (124, 137) or rc < 0:
             raise ProviderError(f"the DirectML host (ORT {version}) did not finish within {limit:g} s "
                                 f"(set {TIMEOUT_VAR}=SECONDS for a larger model; under lavapipe a big model "
                                 "takes minutes)")
-        if result is None or not result.get("ok"):
-            reason = (result or {}).get("error") or _failure_line(log) or f"exit status {rc}, no result"
+        where = f"the DirectML host (ORT {version}, {host.root})"
+        wanted = _expected_outputs(model)
+        try:
+            data = _read_result(tmp / "result.json")
+            answer = None if data is None else host_answer.read_result(data, warmup=int(warmup), runs=int(runs),
+                                                                        outputs=list(wanted))
+            if answer is not None and answer["ok"]:
+                outputs = host_answer.read_outputs(tmp / "out", answer, wanted)
+        except host_answer.HostAnswerError as e:
+            raise host_answer.HostAnswerError(f"{where} answered badly: {e}") from None
+        if answer is None or not answer["ok"]:
+            reason = (answer or {}).get("error") or _failure_line(log) or f"exit status {rc}, no result"
             if "for float16 tensors" in reason:  # onnxruntime-node 1.17's binding: no float16 in or out
                 reason = (f"onnxruntime-node {version} cannot pass float16 tensors in or out of a session; keep "
                           "float32 inputs and outputs (optimize --fp16 keeps them by default) or use ORT 1.19 or "
                           f"newer ({reason})")
             raise InputError(f"the real DirectML EP (ORT {version}, {host.root}) failed: {reason}")
-        outputs = {}
-        for entry in result["outputs"]:
-            file = tmp / "out" / os.path.basename(str(entry["file"]).replace("\\", "/"))
-            outputs[str(entry["name"])] = np.load(file, allow_pickle=False)
-    return HostRun(outputs=outputs, session_ms=float(result["session_ms"]),
-                   warmup_ms=[float(t) for t in result["warmup_ms"]], run_ms=[float(t) for t in result["run_ms"]],
-                   log=log, placement=placement_summary(log), host=host.describe(version))
+    return HostRun(outputs=outputs, session_ms=answer["session_ms"], warmup_ms=answer["warmup_ms"],
+                   run_ms=answer["run_ms"], log=log, placement=placement_summary(log), host=host.describe(version))
+
+
+def _expected_outputs(model: ir.Model) -> dict[str, tuple[np.dtype | None, list]]:
+    """The outputs the runner writes back (all but string ones): name -> (numpy dtype, dims)."""
+    found = {}
+    for v in model.graph.outputs:
+        dtype = v.dtype
+        if dtype == ir.DataType.STRING:
+            continue
+        try:
+            np_dtype = np.dtype(dtype.numpy()) if dtype is not None else None
+        except (TypeError, ValueError, AttributeError):
+            np_dtype = None
+        dims = list(v.shape.dims) if v.shape is not None else None
+        found[v.name] = (np_dtype, dims)
+    return found
 
 
 def _needs_external(model: ir.Model) -> bool:
@@ -308,11 +330,24 @@ def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path,
             raise
 
 
-def _read_result(path: pathlib.Path) -> dict[str, Any] | None:
+def _read_result(path: pathlib.Path) -> Any:
+    """result.json parsed (None when there is none); a file that is not JSON, too large, deeply
+    nested or not a regular file is a HostAnswerError (host_answer checks what it holds)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
         return None
+    except OSError as e:
+        raise host_answer.HostAnswerError(f"result.json cannot be read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > RESULT_BYTES:
+            raise host_answer.HostAnswerError(f"result.json is not a regular file of at most {RESULT_BYTES} bytes")
+        data = f.read(RESULT_BYTES + 1)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise host_answer.HostAnswerError(f"result.json is not JSON ({printable(str(e), 200)})") from None
 
 
 FAILURE = re.compile(r"\[E:onnxruntime[^\]]*\]\s*(.*)|(page fault.*)|(Unhandled exception.*)|"
