@@ -41,3 +41,56 @@ def test_a_declared_shape_that_cannot_be_made_is_exit_2_naming_the_input(cli, tm
     assert not out.exists() and not ran
     with pytest.raises(InputError, match="input 'x'"):
         dmlopt.optimize(str(m))
+
+
+def _bomb(path, shape=(100_000_000,), name="x", dtype="float32"):
+    """A small .npz whose one member inflates to shape x dtype of zeros (400 MB by default)."""
+    import io
+    import zipfile
+
+    import numpy as np
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": np.dtype(dtype).str, "fortran_order": False,
+                                                  "shape": tuple(shape)})
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        with z.open(f"{name}.npy", "w", force_zip64=True) as member:
+            member.write(header.getvalue())
+            chunk = bytes(1 << 24)
+            for start in range(0, nbytes, len(chunk)):
+                member.write(chunk[: min(len(chunk), nbytes - start)])
+    return path
+
+
+@pytest.mark.parametrize("shape,dtype", [((100_000_000,), "float32"), ((2, 3, 1), "float32"), ((2, 3), "float64"),
+                                         ((3, 2), "float32")])
+def test_an_inputs_member_that_does_not_fit_the_model_is_refused_unread(cli, tmp_path, monkeypatch, shape, dtype):
+    import numpy as np
+    m = declared(tmp_path / "m.onnx", [2, 3])
+    npz = _bomb(tmp_path / "in.npz", shape, dtype=dtype)
+    read = []
+    real_read = np.lib.format.read_array
+    monkeypatch.setattr(np.lib.format, "read_array", lambda *a, **k: read.append(1) or real_read(*a, **k))
+    for args in (("validate", m, m, "--inputs", npz), ("optimize", m, "-o", tmp_path / "o.onnx", "--inputs", npz)):
+        r = cli(*args)
+        line = one_error_line(r.err)
+        assert r.code == 2 and "array 'x'" in line and "input 'x'" in line, line
+    assert not read, "a member's data was decompressed"
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_members_that_are_not_inputs_are_never_decompressed(cli, tmp_path, monkeypatch):
+    import zipfile
+
+    import numpy as np
+    m = declared(tmp_path / "m.onnx", [2, 3])
+    npz = _bomb(tmp_path / "in.npz", name="reference_output")
+    with zipfile.ZipFile(npz, "a") as z:
+        with z.open("x.npy", "w") as member:
+            np.lib.format.write_array(member, np.ones((2, 3), np.float32))
+    read = []
+    real_read = np.lib.format.read_array
+    monkeypatch.setattr(np.lib.format, "read_array", lambda *a, **k: read.append(1) or real_read(*a, **k))
+    r = cli("validate", m, m, "--inputs", npz)
+    assert r.code == 0, r.err
+    assert len(read) == 1  # x only
