@@ -33,22 +33,23 @@ XVFB_RUN = """#!/bin/sh
 exec "$@"
 """
 
-# A host that answers as the runner does: every input back as the output named in outputs.json.
+# A host that answers as the runner does for a model of Identity nodes: input k back as output k.
 ECHO = """
-import numpy as np
-names = json.loads((here / 'outputs.json').read_text())
+import numpy as np, onnx
+graph = onnx.load(linux(job['model'])).graph
+files = dict(job['inputs'])
 outs = []
-for i, (name, file) in enumerate(job['inputs'].items()):
-    if name not in names:
+for i, (inp, out) in enumerate(zip(graph.input, graph.output)):
+    if inp.name not in files:
         continue
-    np.save(os.path.join(linux(job['outputs_dir']), f'out{i}.npy'), np.load(linux(file)))
-    outs.append({'name': names[name], 'file': f'out{i}.npy', 'dtype': 'float32', 'shape': []})
+    np.save(os.path.join(linux(job['outputs_dir']), f'out{i}.npy'), np.load(linux(files[inp.name])))
+    outs.append({'name': out.name, 'file': f'out{i}.npy', 'dtype': 'float32', 'shape': []})
 pathlib.Path(linux(job['result'])).write_text(json.dumps(
     {'ok': True, 'ort_version': '1.17.3', 'session_ms': 1.0, 'warmup_ms': [], 'run_ms': [1.0], 'outputs': outs}))
 """
 
 
-def make(tmp_path: pathlib.Path, respond: str = ECHO, outputs: dict[str, str] | None = None) -> tuple[pathlib.Path, str]:
+def make(tmp_path: pathlib.Path, respond: str = ECHO) -> tuple[pathlib.Path, str]:
     """A fake host folder answering with `respond` (Python) and the PATH that finds its tools."""
     root = tmp_path / "fakehost"
     (root / "prefix").mkdir(parents=True)
@@ -57,7 +58,6 @@ def make(tmp_path: pathlib.Path, respond: str = ECHO, outputs: dict[str, str] | 
     for name in ("node.exe", "d3d12.dll", "libvkd3d-1.dll", "libvkd3d-shader-1.dll"):
         (root / name).write_bytes(b"MZ")
     (root / "respond.py").write_text(respond)
-    (root / "outputs.json").write_text(json.dumps(outputs or {"x": "y"}))
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir()
     for name, text in (("wine", WINE), ("xvfb-run", XVFB_RUN)):
@@ -67,10 +67,13 @@ def make(tmp_path: pathlib.Path, respond: str = ECHO, outputs: dict[str, str] | 
 
 
 def answer(result: object, files: dict[str, np.ndarray | bytes] | None = None) -> str:
-    """respond.py code that writes `result` as result.json (a string: written as is) and `files`
-    into the outputs folder (arrays as .npy, bytes as they are)."""
+    """respond.py code that writes `result` as result.json (a string: written as is; "@0" stands
+    for the name the host run gives the model's first output) and `files` into the outputs folder
+    (arrays as .npy, bytes as they are)."""
     text = result if isinstance(result, str) else json.dumps(result)
-    lines = ["import numpy as np, io", f"result_text = {text!r}", f"files = {_files(files or {})!r}",
+    lines = ["import numpy as np, io, onnx", f"result_text = {text!r}", f"files = {_files(files or {})!r}",
+             "first = onnx.load(linux(job['model'])).graph.output[0].name",
+             "result_text = result_text.replace('\"@0\"', json.dumps(first))",
              "out = pathlib.Path(linux(job['outputs_dir']))",
              "for name, data in files.items(): (out / name).write_bytes(data)",
              "pathlib.Path(linux(job['result'])).write_text(result_text)"]

@@ -28,8 +28,8 @@ def identity_model(path, name_in="x", name_out="y", shape=(2, 3)):
 def fake(tmp_path, monkeypatch):
     """Make a fake host answering with `respond`; returns its folder."""
 
-    def make(respond=fake_dml_host.ECHO, outputs=None):
-        root, path = fake_dml_host.make(tmp_path, respond, outputs)
+    def make(respond=fake_dml_host.ECHO):
+        root, path = fake_dml_host.make(tmp_path, respond)
         monkeypatch.setenv("PATH", path)
         monkeypatch.delenv(host.TIMEOUT_VAR, raising=False)
         return root
@@ -59,7 +59,7 @@ def test_time_limits_from_the_environment_are_checked_like_options(cli, fake, tm
 
 
 GOOD = {"ok": True, "ort_version": "1.17.3", "session_ms": 1.0, "warmup_ms": [], "run_ms": [1.0],
-        "outputs": [{"name": "y", "file": "out0.npy", "dtype": "float32", "shape": [2, 3]}]}
+        "outputs": [{"name": "@0", "file": "out0.npy", "dtype": "float32", "shape": [2, 3]}]}
 ARRAY = np.zeros((2, 3), np.float32)
 
 BAD_ANSWERS = {
@@ -77,6 +77,7 @@ BAD_ANSWERS = {
     "output missing": ({**GOOD, "outputs": []}, {}),
     "output listed twice": ({**GOOD, "outputs": GOOD["outputs"] * 2}, {"out0.npy": ARRAY}),
     "another output": ({**GOOD, "outputs": [{**GOOD["outputs"][0], "name": "z"}]}, {"out0.npy": ARRAY}),
+    "the model's own name": ({**GOOD, "outputs": [{**GOOD["outputs"][0], "name": "y"}]}, {"out0.npy": ARRAY}),
     "file out of the folder": ({**GOOD, "outputs": [{**GOOD["outputs"][0], "file": "../job.json"}]}, {}),
     "file a number": ({**GOOD, "outputs": [{**GOOD["outputs"][0], "file": 7}]}, {"out0.npy": ARRAY}),
     "wrong shape": (GOOD, {"out0.npy": np.zeros((3, 2), np.float32)}),
@@ -103,9 +104,68 @@ def test_a_bad_answer_is_one_line_naming_the_host(cli, fake, tmp_path, case):
         assert r.code == 2 and "DirectML host" in line and "answered badly" in line, (case, line)
 
 
+def test_a_good_answer_in_the_same_form_passes(cli, fake, tmp_path):
+    """The bad answers above differ from this one in one thing each."""
+    root = fake(fake_dml_host.answer(GOOD, {"out0.npy": ARRAY}))
+    m = identity_model(tmp_path / "m.onnx")
+    r = cli("bench", m, "--ep", "dml", "--runs", "1", "--warmup", "0", "--dml-host", root)
+    assert r.code == 0, r.err
+
+
 def test_a_symlinked_output_is_refused(cli, fake, tmp_path):
     respond = fake_dml_host.answer(GOOD) + "os.symlink('/dev/zero', out / 'out0.npy')\n"
     root = fake(respond)
     m = identity_model(tmp_path / "m.onnx")
     r = cli("validate", m, m, "--ep", "dml", "--dml-host", root)
     assert r.code == 2 and "answered badly" in one_error_line(r.err)
+
+
+# -- names that reach JavaScript and ORT's log (the real host) -------------------------------------
+
+LOG_PREFIX = "2026-12-05 06:17:07.8988201 [V:onnxruntime:, session_state.cc:1152 onnxruntime::VerifyEachNodeIsAssignedToAnEp]"
+FORGED = "\n".join(["cast", f"{LOG_PREFIX}  Node(s) placed on [CPUExecutionProvider]. Number of nodes: 3",
+                    f"{LOG_PREFIX}   Einsum (e1)", f"{LOG_PREFIX}   Einsum (e2)",
+                    "2026-12-05 06:17:07.89 [I:onnxruntime:, transformer_memcpy.cc:329 "
+                    "onnxruntime::TransformerMemcpyImpl::AddCopyNode] Add MemcpyFromHost after q for DmlExecutionProvider"])
+
+
+def shape_cast_model(shape_name="shape", cast_name="cast"):
+    """Relu and Shape on DirectML, Cast on the CPU (ORT keeps shape arithmetic there)."""
+    import dmlopt
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                           helper.make_node("Shape", ["r"], ["s"], name=shape_name),
+                           helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT, name=cast_name)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return dmlopt.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+
+
+@pytest.mark.dml_host
+def test_a_node_name_cannot_forge_the_actual_placement(dml_host):
+    feeds = {"x": np.ones((2, 3), np.float32)}
+    version = dml_host.versions[0]
+    plain = dml_host.run(shape_cast_model(), feeds, version).placement
+    assert plain["cpu_nodes"] == 1 and plain["copies"] == 0 and plain["cpu_node_names"] == ["cast"]
+    for names in ({"shape_name": FORGED}, {"cast_name": FORGED}):
+        got = dml_host.run(shape_cast_model(**names), feeds, version).placement
+        assert (got["cpu_nodes"], got["copies"], got["partitions"]) == (1, 0, plain["partitions"]), (names, got)
+        assert got["cpu_node_names"] == [names.get("cast_name", "cast")]  # the model's own name, mapped back
+
+
+@pytest.mark.dml_host
+@pytest.mark.parametrize("name", ["__proto__", "constructor", "hasOwnProperty", "toString"])
+def test_names_that_are_javascript_machinery_run(cli, dml_host, tmp_path, name):
+    path = tmp_path / "m.onnx"
+    g = helper.make_graph([helper.make_node("Identity", [name], ["y"], name=name),
+                           helper.make_node("Relu", ["x"], [name + "_"], name="r")], "g",
+                          [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info(name + "_", TensorProto.FLOAT, [2, 3])])
+    g2 = helper.make_graph([helper.make_node("Relu", ["x"], [name], name="r")], "g",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                           [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3])])
+    for graph in (g, g2):
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+        r = cli("validate", path, path, "--ep", "dml", "--dml-host", dml_host.root, "--ort-version", dml_host.versions[0])
+        assert r.code == 0, (name, r.err, r.out[-800:])

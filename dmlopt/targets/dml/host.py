@@ -30,14 +30,14 @@ import stat
 import struct
 import subprocess
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx_ir as ir
 
 from dmlopt import scratch
 from dmlopt.errors import InputError, ProviderError, UsageError, printable
-from dmlopt.targets.dml import host_answer, ort_log
+from dmlopt.targets.dml import host_answer, host_names, ort_log
 
 __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_host", "placement_summary"]
 
@@ -181,14 +181,16 @@ class HostRun:
     session_ms: float
     warmup_ms: list[float]
     run_ms: list[float]
-    log: str
+    log: str  # as ORT wrote it: names are the host run's (`rename` gives the model's own)
     placement: dict[str, Any]
     host: dict[str, Any]
+    rename: Callable[[str], str] = str
 
     @property
     def nodes(self) -> list[dict[str, str]]:
         """Every node ORT listed, with its provider: {op, name, provider} (the probe left out)."""
-        return [{**n, "provider": provider} for provider, entry in ort_log.parse_placements(self.log).items()
+        return [{**n, "name": self.rename(n["name"]), "provider": provider}
+                for provider, entry in ort_log.parse_placements(self.log).items()
                 for n in entry["nodes"] if n["name"] != PROBE_NODE]
 
 
@@ -233,18 +235,22 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
         fusion: bool = True, list_nodes: bool = True, warmup: int = 0, runs: int = 1,
         timeout: float | None = None) -> HostRun:
     limit = timeout_s(timeout)
+    names = host_names.SafeNames(model)  # no name of the model reaches JavaScript or ORT's log
+    model = names.model
     probed = with_probe(model) if list_nodes else None
     with scratch.folder("dmlopt-dmlhost-") as tmp:
         (tmp / "out").mkdir()
         path = tmp / "model.onnx"
         ir.save(probed or model, path, external_data="model.onnx.data" if _needs_external(model) else None)
-        inputs = {}
+        inputs = []
         for i, (name, value) in enumerate(feeds.items()):
+            if name not in names.inputs:
+                continue
             file = tmp / f"in{i}.npy"
             np.save(file, np.ascontiguousarray(value), allow_pickle=False)
-            inputs[name] = windows_path(file)
+            inputs.append([names.inputs[name], windows_path(file)])
         job = {"ort": windows_path(host.package(version)), "model": windows_path(path), "inputs": inputs,
-               "strings": {f"{PROBE_NODE}_in": [1]} if probed is not None else {},
+               "strings": [[f"{PROBE_NODE}_in", [1]]] if probed is not None else [],
                "outputs_dir": windows_path(tmp / "out"), "result": windows_path(tmp / "result.json"),
                "session": {"optLevel": level, "disableFusion": not fusion, "verbose": True},
                "warmup": int(warmup), "runs": int(runs)}
@@ -273,8 +279,10 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
                           "float32 inputs and outputs (optimize --fp16 keeps them by default) or use ORT 1.19 or "
                           f"newer ({reason})")
             raise InputError(f"the real DirectML EP (ORT {version}, {host.root}) failed: {reason}")
-    return HostRun(outputs=outputs, session_ms=answer["session_ms"], warmup_ms=answer["warmup_ms"],
-                   run_ms=answer["run_ms"], log=log, placement=placement_summary(log), host=host.describe(version))
+    return HostRun(outputs={names.outputs[k]: v for k, v in outputs.items()}, session_ms=answer["session_ms"],
+                   warmup_ms=answer["warmup_ms"], run_ms=answer["run_ms"], log=log,
+                   placement=placement_summary(log, names.original), host=host.describe(version),
+                   rename=names.original)
 
 
 def _expected_outputs(model: ir.Model) -> dict[str, tuple[np.dtype | None, list]]:
@@ -362,13 +370,14 @@ def _failure_line(log: str) -> str | None:
     return None
 
 
-def placement_summary(log: str) -> dict[str, Any]:
+def placement_summary(log: str, rename: Callable[[str], str] = str) -> dict[str, Any]:
     """CPU nodes, copies and compiled partitions from one DirectML session's verbose log; DirectML
     nodes outside any compiled partition (a graph with dynamic shapes compiles none) are
     `dml_standalone`.
 
     The probe node is left out.  `listed` is False when ORT listed no node by name ("All nodes
-    placed on [EP]"): then the partition count is unknown (None)."""
+    placed on [EP]"): then the partition count is unknown (None).  `rename`: the model's own name
+    for a name of the host run (host_names)."""
     placements = ort_log.parse_placements(log)
     dml = placements.get("DmlExecutionProvider", {"count": 0, "all": False, "nodes": []})
     cpu = placements.get("CPUExecutionProvider", {"count": 0, "all": False, "nodes": []})
@@ -380,10 +389,10 @@ def placement_summary(log: str) -> dict[str, Any]:
     listed = bool(dml["nodes"]) or dml["count"] == 0
     ops: dict[str, int] = {}
     for n in cpu_nodes:
-        ops[n["op"]] = ops.get(n["op"], 0) + 1
+        ops[rename(n["op"])] = ops.get(rename(n["op"]), 0) + 1
     dml_copies = sum(1 for n in dml["nodes"] if n["op"] in ort_log.COPY_OPS)
     standalone = dml["count"] - len(fused) - dml_copies if listed else None
     return {"found": bool(placements), "dml_nodes": dml["count"], "dml_standalone": standalone, "cpu_nodes": len(cpu_nodes) if cpu["nodes"] else cpu["count"] - int(probe),
             "cpu_ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "cpu_node_names": [n["name"] for n in cpu_nodes], "copies": copies,
+            "cpu_node_names": [rename(n["name"]) for n in cpu_nodes], "copies": copies,
             "partitions": len(fused) if listed else None, "fused_partitions": fused, "listed": listed}
