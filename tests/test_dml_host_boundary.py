@@ -20,7 +20,7 @@ def identity_model(path, name_in="x", name_out="y", shape=(2, 3)):
     g = helper.make_graph([helper.make_node("Identity", [name_in], [name_out], name="id")], "g",
                           [helper.make_tensor_value_info(name_in, TensorProto.FLOAT, list(shape))],
                           [helper.make_tensor_value_info(name_out, TensorProto.FLOAT, list(shape))])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
 
 
@@ -169,3 +169,70 @@ def test_names_that_are_javascript_machinery_run(cli, dml_host, tmp_path, name):
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
         r = cli("validate", path, path, "--ep", "dml", "--dml-host", dml_host.root, "--ort-version", dml_host.versions[0])
         assert r.code == 0, (name, r.err, r.out[-800:])
+
+
+# -- nothing of the host outlives dmlopt (the real host) -------------------------------------------
+
+def _marked(mark: str) -> list[str]:
+    """Command lines of the processes whose environment holds DMLOPT_TEST_RUN=mark."""
+    import os
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"DMLOPT_TEST_RUN={mark}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.dml_host
+@pytest.mark.parametrize("signals", [(), ("SIGINT",), ("SIGTERM",), ("SIGINT", "SIGINT")],
+                         ids=["finished", "sigint", "sigterm", "sigint-twice"])
+def test_nothing_of_the_host_outlives_dmlopt(dml_host, tmp_path, signals):
+    """`dmlopt inspect --ep dml` as a program: finished, or signalled while node.exe runs (the
+    second SIGINT makes the supervisor kill the worker at once).  Afterwards no process of the run
+    is left and its temp folder (TMPDIR) is empty."""
+    import os
+    import secrets
+    import signal
+    import subprocess
+    import sys
+    import time
+    temp = tmp_path / "t"
+    temp.mkdir()
+    mark = secrets.token_hex(6)
+    env = {**os.environ, "TMPDIR": str(temp), "DMLOPT_TEST_RUN": mark, host.ENV_VAR: str(dml_host.root)}
+    env.pop(host.TIMEOUT_VAR, None)
+    identity_model(tmp_path / "m.onnx", shape=("N", 3))
+    proc = subprocess.Popen([sys.executable, "-m", "dmlopt", "inspect", str(tmp_path / "m.onnx"), "--ep", "dml",
+                             "--ort-version", dml_host.versions[0]], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        if signals:
+            deadline = time.monotonic() + 120
+            while not any("node.exe" in c for c in _marked(mark)):
+                assert time.monotonic() < deadline and proc.poll() is None, "node.exe never started"
+                time.sleep(0.1)
+            time.sleep(1.0)
+            for name in signals:
+                proc.send_signal(getattr(signal, name))
+                time.sleep(0.3)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if not signals:
+        assert proc.returncode == 0, err.decode()[-2000:]
+    else:
+        assert proc.returncode in (130, 143), err.decode()[-2000:]
+    deadline = time.monotonic() + 5
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _marked(mark) == [], "left running"
+    assert sorted(p.name for p in temp.iterdir()) == [], "left in the temp folder"

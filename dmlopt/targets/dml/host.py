@@ -24,6 +24,7 @@ import math
 import os
 import pathlib
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -35,7 +36,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import scratch
+from dmlopt import process_tree, scratch
 from dmlopt.errors import InputError, ProviderError, UsageError, printable
 from dmlopt.targets.dml import host_answer, host_names, ort_log
 
@@ -43,6 +44,7 @@ __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_h
 
 ENV_VAR = "DMLOPT_DML_HOST"
 TIMEOUT_VAR = "DMLOPT_DML_TIMEOUT"
+RUN_MARK = "DMLOPT_DML_HOST_RUN"  # in the environment of every process of one host run (process_tree)
 DEFAULT_TIMEOUT_S = 600
 MAX_TIMEOUT_S = 7 * 24 * 3600  # `timeout` and Popen.wait both take it; a larger one is a typo
 HOW_TO = ("to run the real DirectML EP here, make a host folder with `bash ../shared/dml-wine/setup.sh DIR` "
@@ -307,35 +309,56 @@ def _needs_external(model: ir.Model) -> bool:
     return total > 2**30
 
 
-def environment(host: Host, version: str) -> dict[str, str]:
+def environment(host: Host, version: str, temp: pathlib.Path | None = None, token: str | None = None
+                ) -> dict[str, str]:
+    """The host's environment: Wine's settings, `temp` as its TMPDIR (xvfb-run's folder and Wine's
+    server directory land there, not in the system temp folder, and each run gets a wineserver of
+    its own), and `token` marking every process of the run (process_tree)."""
     env = dict(os.environ)
     env.update({"WINEPREFIX": str(host.root / "prefix"), "WINEDLLOVERRIDES": "mscoree,mshtml=;winedbg.exe=d;d3d12=n",
                 "WINEDEBUG": env.get("WINEDEBUG", "err+all,fixme-all"), "VKD3D_DEBUG": env.get("VKD3D_DEBUG", "err"),
                 "VKD3D_SHADER_DEBUG": env.get("VKD3D_SHADER_DEBUG", "err"),
                 # ORT 1.31's telemetry (WinHTTP + SQLite) deadlocks the first session under Wine.
                 "ORT_DISABLE_TELEMETRY": "1"})
+    if temp is not None:
+        env["TMPDIR"] = str(temp)
+    if token is not None:
+        env[RUN_MARK] = token
     env.pop("DISPLAY", None)  # xvfb-run gives Wine its own X display
     return env
 
 
 def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path, limit: float) -> int:
+    """Run the host on `job` in its own process group, its temp folder beside the job; however
+    this ends (done, time limit, interrupt), every process of the run is ended before it returns:
+    Wine's server and services leave the group, so they are found by the run's mark."""
+    temp = job.parent / "tmp"
+    temp.mkdir()
+    token = secrets.token_hex(8)
     command = ["timeout", "-k", "10", f"{limit:g}", "xvfb-run", "-a", "wine", str(host.root / "node.exe"),
                windows_path(RUNNER), windows_path(job)]
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=environment(host, version), start_new_session=True)
+                                    env=environment(host, version, temp, token), start_new_session=True)
         except OSError as e:
             raise ProviderError(f"cannot start the DirectML host: {e}") from e
         try:
             return proc.wait(timeout=limit + 30)
         except BaseException:  # a hang past timeout's own kill, or an interrupt: end the whole group
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGTERM)
             except OSError:
                 pass
-            proc.wait()
             raise
+        finally:
+            with scratch.uninterrupted():  # an interrupt waits until nothing of the run is left
+                process_tree.end_marked(RUN_MARK, token)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait()
 
 
 def _read_result(path: pathlib.Path) -> Any:
