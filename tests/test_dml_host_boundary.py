@@ -236,3 +236,52 @@ def test_nothing_of_the_host_outlives_dmlopt(dml_host, tmp_path, signals):
         time.sleep(0.2)
     assert _marked(mark) == [], "left running"
     assert sorted(p.name for p in temp.iterdir()) == [], "left in the temp folder"
+
+
+# -- paths on their way into Wine ------------------------------------------------------------------
+
+@pytest.mark.parametrize("temp_name", ["a b", "tab\there", 'dq"uote', "x" * 220])
+def test_a_temp_folder_wine_cannot_take_is_refused_naming_it(cli, fake, tmp_path, monkeypatch, temp_name):
+    import tempfile
+    root = fake()
+    m = identity_model(tmp_path / "m.onnx")
+    temp = tmp_path / temp_name
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    r = cli("validate", m, m, "--ep", "dml", "--dml-host", root)
+    line = one_error_line(r.err)
+    assert r.code == 2 and "temp folder" in line and "TMPDIR" in line and "failed" not in line, line
+
+
+@pytest.mark.parametrize("host_name", ['dq"uote', "nl\nline", "k" * 170])
+def test_a_host_folder_wine_cannot_take_is_refused_naming_it(cli, tmp_path, monkeypatch, host_name):
+    root, path = fake_dml_host.make(tmp_path)
+    monkeypatch.setenv("PATH", path)
+    moved = root.rename(tmp_path / host_name)
+    m = identity_model(tmp_path / "m.onnx")
+    r = cli("validate", m, m, "--ep", "dml", "--dml-host", moved)
+    line = one_error_line(r.err)
+    assert r.code == 2 and "host folder" in line and "failed" not in line, line
+
+
+@pytest.mark.dml_host
+@pytest.mark.parametrize("temp_name", ["a b", "q'uote"])
+def test_the_real_host_with_an_odd_temp_folder(dml_host, tmp_path, temp_name):
+    """A space: refused up front naming TMPDIR (it was DirectML's DXGI error 887A0004); a single
+    quote: runs."""
+    import os
+    import subprocess
+    import sys
+    temp = tmp_path / temp_name
+    temp.mkdir()
+    m = identity_model(tmp_path / "m.onnx")
+    env = {**os.environ, "TMPDIR": str(temp), host.ENV_VAR: str(dml_host.root)}
+    r = subprocess.run([sys.executable, "-m", "dmlopt", "validate", str(m), str(m), "--ep", "dml", "--ort-version",
+                        dml_host.versions[0]], env=env, capture_output=True, text=True, timeout=300)
+    if " " in temp_name:
+        line = one_error_line(r.stderr)
+        assert r.returncode == 2 and "TMPDIR" in line and "887A0004" not in line, line
+    else:
+        assert r.returncode == 0, r.stderr
+    assert list(temp.iterdir()) == []

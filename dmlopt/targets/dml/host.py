@@ -31,6 +31,7 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -78,9 +79,10 @@ def find(flag: str | os.PathLike | None = None) -> "Host | None":
 
 def open_host(folder: str | os.PathLike) -> "Host":
     root = pathlib.Path(folder).expanduser()
-    where = f"the DirectML host {os.fspath(folder)!r}"
+    where = f"the DirectML host {printable(os.fspath(folder), 300)!r}"
     if not root.is_dir():
         raise ProviderError(f"{where} is not a folder; {HOW_TO}")
+    check_paths(root.resolve())
     missing = [t for t in TOOLS if shutil.which(t) is None]
     missing += [f for f in FILES if not (root / f).is_file()]
     if not (root / "prefix").is_dir():
@@ -92,6 +94,38 @@ def open_host(folder: str | os.PathLike) -> "Host":
         raise ProviderError(f"{where} is incomplete: missing {', '.join(missing)} (re-run `bash "
                             f"../shared/dml-wine/setup.sh {os.fspath(folder)}`)")
     return Host(root.resolve(), tuple(versions))
+
+
+# Paths that reach Wine: a double quote breaks Wine's command line (node.exe exits 53 or 1, no
+# result), whitespace in the temp folder breaks xvfb-run (seen as DirectML's DXGI error 887A0004),
+# and the DLLs under a long host folder pass Windows' 260-character path limit (node.exe dies,
+# 0xc06d007e).  Such paths are refused before any work, naming the path.
+HOST_PATH_CHARS = 160  # the longest file Windows loads under it (ort-V/.../x64/*.dll) is ~80 more
+TEMP_PATH_CHARS = 200  # the job's files sit ~40 deeper; 240 was seen to work
+BREAKS_WINE = re.compile(r'["\x00-\x1f\x7f]')
+BREAKS_XVFB_RUN = re.compile(r"\s")
+
+
+def check_paths(root: pathlib.Path) -> None:
+    """UsageError (exit 2) naming the path when the host folder or the temp folder cannot reach Wine."""
+    shown = printable(os.fspath(root), 300)
+    if BREAKS_WINE.search(os.fspath(root)):
+        raise UsageError(f"the DirectML host folder {shown!r} holds a double quote or a control character, which "
+                         "Wine's command line cannot carry: move or link it to a path without one")
+    if len(os.fspath(root)) > HOST_PATH_CHARS:
+        raise UsageError(f"the DirectML host folder {shown!r} is {len(os.fspath(root))} characters long: the DLLs "
+                         f"under it would pass Windows' 260-character path limit (at most {HOST_PATH_CHARS}); move "
+                         "or link it to a shorter path")
+    temp = tempfile.gettempdir()
+    shown = printable(temp, 300)
+    if BREAKS_WINE.search(temp) or BREAKS_XVFB_RUN.search(temp):
+        raise UsageError(f"the temp folder {shown!r} (TMPDIR) holds whitespace, a double quote or a control "
+                         "character, which xvfb-run and Wine's command line cannot carry to the DirectML host: set "
+                         "TMPDIR to a folder without them")
+    if len(temp) > TEMP_PATH_CHARS:
+        raise UsageError(f"the temp folder {shown!r} (TMPDIR) is {len(temp)} characters long: the DirectML host's "
+                         f"files in it would pass Windows' path limit (at most {TEMP_PATH_CHARS}); set TMPDIR to a "
+                         "shorter folder")
 
 
 def versions_in(root: pathlib.Path) -> list[str]:
@@ -335,8 +369,9 @@ def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path,
     temp = job.parent / "tmp"
     temp.mkdir()
     token = secrets.token_hex(8)
+    runner = shutil.copy(RUNNER, job.parent / RUNNER.name)  # beside the job: dmlopt's own path may not suit Wine
     command = ["timeout", "-k", "10", f"{limit:g}", "xvfb-run", "-a", "wine", str(host.root / "node.exe"),
-               windows_path(RUNNER), windows_path(job)]
+               windows_path(runner), windows_path(job)]
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
