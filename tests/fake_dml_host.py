@@ -67,13 +67,13 @@ def make(tmp_path: pathlib.Path, respond: str = ECHO) -> tuple[pathlib.Path, str
 
 
 def answer(result: object, files: dict[str, np.ndarray | bytes] | None = None) -> str:
-    """respond.py code that writes `result` as result.json (a string: written as is; "@0" stands
+    """respond.py code that writes `result` as result.json (a string: written as is; @0 stands
     for the name the host run gives the model's first output) and `files` into the outputs folder
     (arrays as .npy, bytes as they are)."""
     text = result if isinstance(result, str) else json.dumps(result)
     lines = ["import numpy as np, io, onnx", f"result_text = {text!r}", f"files = {_files(files or {})!r}",
              "first = onnx.load(linux(job['model'])).graph.output[0].name",
-             "result_text = result_text.replace('\"@0\"', json.dumps(first))",
+             "result_text = result_text.replace('@0', first)",  # a safe name: no JSON escaping needed
              "out = pathlib.Path(linux(job['outputs_dir']))",
              "for name, data in files.items(): (out / name).write_bytes(data)",
              "pathlib.Path(linux(job['result'])).write_text(result_text)"]

@@ -285,3 +285,12 @@ def test_the_real_host_with_an_odd_temp_folder(dml_host, tmp_path, temp_name):
     else:
         assert r.returncode == 0, r.stderr
     assert list(temp.iterdir()) == []
+
+
+def test_the_hosts_error_names_the_models_own_names(cli, fake, tmp_path):
+    """The host runs under safe names; its error says the model's names again (escaped)."""
+    root = fake(fake_dml_host.answer({"ok": False, "error": "output \"@0\" could not be computed"}))
+    m = identity_model(tmp_path / "m.onnx", name_out="y\nforged")
+    r = cli("validate", m, m, "--ep", "dml", "--dml-host", root)
+    line = one_error_line(r.err)
+    assert r.code == 2 and '"y\\nforged" could not be computed' in line, line

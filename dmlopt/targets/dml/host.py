@@ -310,6 +310,7 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
             raise host_answer.HostAnswerError(f"{where} answered badly: {e}") from None
         if answer is None or not answer["ok"]:
             reason = (answer or {}).get("error") or _failure_line(log) or f"exit status {rc}, no result"
+            reason = printable(names.original(reason), 500)  # the model's own names again, escaped
             if "for float16 tensors" in reason:  # onnxruntime-node 1.17's binding: no float16 in or out
                 reason = (f"onnxruntime-node {version} cannot pass float16 tensors in or out of a session; keep "
                           "float32 inputs and outputs (optimize --fp16 keeps them by default) or use ORT 1.19 or "
