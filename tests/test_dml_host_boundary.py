@@ -294,3 +294,22 @@ def test_the_hosts_error_names_the_models_own_names(cli, fake, tmp_path):
     r = cli("validate", m, m, "--ep", "dml", "--dml-host", root)
     line = one_error_line(r.err)
     assert r.code == 2 and '"y\\nforged" could not be computed' in line, line
+
+
+def test_safe_names_leave_optional_outputs_absent():
+    """An output left out ("") stays out in the host's copy: named, it would exist and change what
+    ORT places (SAM's SkipLayerNormalization went to the CPU)."""
+    import dmlopt
+    import onnx_ir as ir
+    from dmlopt.targets.dml import host_names
+    g = helper.make_graph([helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "", "inv"], name="ln")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("inv", TensorProto.FLOAT, [2, 1])],
+                          [helper.make_tensor("s", TensorProto.FLOAT, [3], [1, 1, 1]),
+                           helper.make_tensor("b", TensorProto.FLOAT, [3], [0, 0, 0])])
+    model = dmlopt.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    names = host_names.SafeNames(model)
+    outputs = list(ir.serde.serialize_model(names.model).graph.node[0].output)
+    assert outputs[1] == "" and all(o.startswith(names.prefix) for o in (outputs[0], outputs[2]))
+    assert sorted(names.outputs.values()) == ["inv", "y"] and names.inputs == {"x": names.model.graph.inputs[0].name}
