@@ -148,13 +148,18 @@ def main(argv=None) -> int:
     feeds = runtime.random_inputs(runtime.input_specs(export), 0)
     reference = next(iter(run_model(export, feeds).values()))
     result = bench.compare(models, "webgpu", runs=args.runs, warmup=args.warmup, baseline=EXPORT, feeds=feeds)
-    rows = [("model", "median ms", "min-p90 ms", "x export", "rel L2 on EP vs export (CPU EP)", "dmlopt")]
+    rows = [("model", "median ms", "min-p90 ms", "x export", "rel L2 on EP vs export (CPU EP)",
+             "dmlopt validate --ep webgpu", "dmlopt")]
     for name, model in models.items():
         m = result["models"][name]
         got = next(iter(run_model(model, feeds, target="webgpu").values()))
         lat = m["latency_ms"]
+        # dmlopt's validation rule, this model on the WebGPU EP against the export on the CPU EP
+        check = dmlopt.validate(export, model, inputs=feeds, ep="webgpu")
+        judged = "; ".join(f"{'ok' if o.passed else 'DIFFER'} by {o.to_dict().get('decided_by', '?')}"
+                           for o in check.outputs)
         rows.append((name, f"{lat['median']:.2f}", f"{lat['min']:.1f}-{lat['p90']:.1f}",
-                     f"{1.0 / m['ratio_median']:.3f}", f"{rel_l2(got, reference):.1e}", notes[name]))
+                     f"{1.0 / m['ratio_median']:.3f}", f"{rel_l2(got, reference):.1e}", judged, notes[name]))
     print(f"\nSAM ViT-B 1024 on WebGpuExecutionProvider ({chosen.line() if chosen else 'adapter unknown'}): "
           f"{args.runs} alternating rounds after {args.warmup} warm-up; x export = median of per-round ratios")
     print(format_table(rows), flush=True)

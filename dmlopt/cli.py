@@ -28,7 +28,7 @@ from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt import report as report_mod
 from dmlopt.errors import LINE_WIDTH, CheckFailed, DmlOptError, InputError, UsageError, printable, printable_tree
 from dmlopt.graph_capture import graph_capture_readiness
-from dmlopt.inputs_file import read_npz
+from dmlopt.inputs_file import open_npz
 from dmlopt.inspection import inspect, to_table
 from dmlopt.jsontext import json_text
 from dmlopt.model import check_destination, check_input, load, protected_paths, save
@@ -383,7 +383,7 @@ def cmd_optimize(args) -> int:
     sibling_path = _sibling_path(args, output, {**written, **report_path,
                                                 **({session_path: "the session configuration"} if session_path else {})})
     options = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
-    inputs = read_npz(args.inputs) if args.inputs else None  # read once, before any work
+    inputs = open_npz(args.inputs) if args.inputs else None  # opened once, before any work; read by header
     common = dict(shapes=shapes, dims=dims, passes=args.passes, target=args.target, ort_version=args.ort_version,
                   validate=not args.no_validate, inputs=inputs, atol=args.atol, rtol=args.rtol,
                   progress=_progress(args), dml_host=args.dml_host)
@@ -572,7 +572,7 @@ def cmd_validate(args) -> int:
         real = real_ep.resolve(args.dml_host, args.ort_version, required=True, what="validate --ep dml")
     elif args.dml_host or args.ort_version:
         raise UsageError("--dml-host and --ort-version choose the real DirectML EP: add --ep dml")
-    inputs = read_npz(args.inputs) if args.inputs else None  # read once, before any work
+    inputs = open_npz(args.inputs) if args.inputs else None  # opened once, before any work; read by header
     ref, cand = load(args.ref), load(args.cand)
     check_input(ref, args.ref)  # cycles, undefined values, unknown opsets: one line, before ORT sees them
     check_input(cand, args.cand)

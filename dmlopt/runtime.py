@@ -20,7 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt import input_sizes, limits, scratch
-from dmlopt.errors import InputError, ProviderError
+from dmlopt.errors import TEXT_WIDTH, InputError, ProviderError, printable
 from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers, weightless_proto
 from dmlopt import vulkan as webgpu_adapter
 from dmlopt.targets.webgpu import host as webgpu_host
@@ -382,8 +382,30 @@ def input_specs(model: ir.Model, shapes: Mapping[str, list[int]] | None = None,
     sizes = input_sizes.choose(model, shapes, dims, fixed=fixed)
     if basis is not None:
         basis.extend(sizes.basis)
-    return {value.name: (sizes.shapes[value.name], value.dtype.numpy() if value.dtype is not None else np.float32)
-            for value in input_sizes.runtime_inputs(model)}
+    specs = {value.name: (sizes.shapes[value.name], value.dtype.numpy() if value.dtype is not None else np.float32)
+             for value in input_sizes.runtime_inputs(model)}
+    for name, (shape, dtype) in specs.items():
+        _check_materialisable(name, shape, dtype)
+    return specs
+
+
+def _check_materialisable(name: str, shape, dtype) -> None:
+    """An input of `shape` must be one numpy can hold and within the inputs' limit, even an empty
+    one: numpy refuses [0, 2**62] float32 (its other dims times the item size pass 2**63), which
+    was "array is too big" (exit 3) after the model was rewritten."""
+    dims = [int(d) for d in shape]
+    shown = f"input '{printable(name, TEXT_WIDTH)}' of shape [{', '.join(map(str, dims))}]"
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:
+        return  # not a numpy type: random_inputs names it
+    if math.prod(dims) * itemsize > MAX_RANDOM_INPUT_BYTES:
+        raise InputError(f"{shown} would take {math.prod(dims) * itemsize / 2**30:.3g} GiB of random data (limit "
+                         f"{MAX_RANDOM_INPUT_BYTES / 2**30:.3g} GiB for the inputs); give a smaller --shape or --dim, "
+                         "or --inputs FILE.npz")
+    if any(d < 0 for d in dims) or math.prod(d for d in dims if d) * max(itemsize, 1) >= 2**63:
+        raise InputError(f"{shown} cannot be made, although empty: numpy holds at most 2**63 bytes over its "
+                         "non-zero dims; give a smaller --shape or --dim")
 
 
 # A declared dim can be anything up to 2**63; refuse before numpy tries to allocate it.  Counted

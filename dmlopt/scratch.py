@@ -49,7 +49,12 @@ def raise_or_defer(exc: BaseException) -> None:
 
 
 def _defer_sigint(_signum, _frame):
-    raise_or_defer(KeyboardInterrupt())
+    """The API's Ctrl-C while an `uninterrupted` block is open: always deferred.  It is installed
+    before the block counts itself and removed before the block ends, so a Ctrl-C landing in
+    between is still the block's (raised at its end), never raised half-way or left installed."""
+    global _pending
+    if _pending is None:
+        _pending = KeyboardInterrupt()
 
 
 @contextlib.contextmanager
@@ -58,9 +63,11 @@ def uninterrupted() -> Iterator[None]:
     own Ctrl-C handler (the API, outside the command line) is replaced by one that defers too."""
     global _depth, _pending
     previous = None
-    if _depth == 0 and threading.current_thread() is threading.main_thread() \
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        previous = signal.signal(signal.SIGINT, _defer_sigint)
+    if _depth == 0:
+        _pending = None  # one left by a Ctrl-C that landed after a block's end was raised already
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            previous = signal.signal(signal.SIGINT, _defer_sigint)
     _depth += 1
     try:
         yield

@@ -9,7 +9,9 @@ Accepted spellings:
   ``NAME:D0,D1,...``    onnxsim / onnxslim (``image:1,3,1024,1024``); the name may itself
                         contain ``:`` (``input:0:1,3``), the last ``:`` separates.
   ``NAME:[D0,D1,...]``  Polygraphy; ``NAME:[]`` is a scalar.
-  ``DIM_PARAM=VALUE``   a named dynamic axis (``batch=1``); it freezes every occurrence.
+  ``DIM_PARAM=VALUE``   a named dynamic axis (``batch=1``); it freezes every occurrence.  The
+                        value holds no ``=``, so the last ``=`` separates: a dim named
+                        ``seq=len`` is ``--dim seq=len=3``, as the refusals advise.
 
 Refused (``UsageError``, exit 2, one line): malformed text, a value that is not a positive
 integer (0 is accepted in a shape exactly where the model declares 0) or does not fit in int64, an input or dim name the model does not have, a shape of the
@@ -48,9 +50,10 @@ def parse_shape(text: str) -> dict[str, list[int]]:
 
 
 def parse_dim(text: str) -> dict[str, int]:
-    """``"batch=1"`` -> ``{"batch": 1}``."""
+    """``"batch=1"`` -> ``{"batch": 1}``; ``"seq=len=3"`` -> ``{"seq=len": 3}`` (a value holds no
+    ``=``: the last one separates, so a dim name may hold one)."""
     where = f"--dim '{text}'"
-    name, sep, value = text.strip().partition("=")
+    name, sep, value = text.strip().rpartition("=")
     name = name.strip()
     if not sep or not name:
         raise UsageError(f"{where}: expected DIM_PARAM=VALUE (e.g. batch=1)")

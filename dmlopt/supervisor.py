@@ -9,7 +9,9 @@ process group, and the parent only waits:
   - SIGINT, SIGTERM or SIGHUP to the parent is passed on to the worker, whose own handlers
     (dmlopt.cli) clean up as always and exit 130/143/129 with their one line;
   - a worker still alive `GRACE_S` seconds later (stuck in native code), or at a second
-    signal, is killed with its group (SIGKILL), and the parent removes what it left: every
+    signal, is killed with its group (SIGKILL), and with every process that left the group but
+    inherited the worker's environment (dmlopt.process_tree: the DirectML host's Wine server and
+    services), and the parent removes what it left: every
     scratch folder or file and every output not yet complete that the worker noted in its
     ledger (dmlopt.scratch.created/settled; outputs go in place as one transaction,
     dmlopt.outputs), then prints the same line the worker would have and exits 128 + signal.
@@ -32,7 +34,7 @@ import threading
 import time
 from typing import Callable
 
-from dmlopt import scratch
+from dmlopt import process_tree, scratch
 from dmlopt.errors import printable
 
 GRACE_S = 3.0  # seconds the worker has to clean up after a signal before it is killed
@@ -124,6 +126,7 @@ def _supervise(pid: int, ledger: str) -> int:
         for name, handler in previous.items():
             signal.signal(getattr(signal, name), handler)
     _kill_group(pid)  # anything the worker started that outlived it
+    process_tree.end_marked(scratch.LEDGER_ENV, ledger)  # and what left the group (the DirectML host's Wine)
     left, complete = read_ledger(ledger)
     remove_leftovers(left)
     code = os.waitstatus_to_exitcode(status)

@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from dmlopt import input_sizes, input_values, runtime
 from dmlopt.errors import CELL_WIDTH, TEXT_WIDTH, InputError, UsageError, printable
-from dmlopt.inputs_file import read_npz
+from dmlopt.inputs_file import Archive, open_npz
 from dmlopt.model import ModelLike, load
 from dmlopt.names import numbered_name
 from dmlopt.shape_inference import infer_shapes
@@ -129,9 +129,10 @@ def shapes_text(inputs: Mapping[str, list[int]], basis: list[str] | None = None)
     return printable(shown + (f" ({'; '.join(basis)})" if basis else ""), TEXT_WIDTH)
 
 
-def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """An --inputs .npz, sized before it is read (dmlopt.inputs_file)."""
-    return read_npz(path)
+def load_inputs(path: str | os.PathLike) -> Archive:
+    """An --inputs .npz, sized and compared with the model by header before it is read
+    (dmlopt.inputs_file)."""
+    return open_npz(path)
 
 
 def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *,
@@ -146,11 +147,15 @@ def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *
     if isinstance(inputs, (str, os.PathLike)):
         inputs = load_inputs(inputs)
     names = [v.name for v in input_sizes.runtime_inputs(ref)]
-    given = {k: np.asarray(v) for k, v in (inputs or {}).items() if k in names}
-    if inputs and not given:
+    in_file = inputs.names if isinstance(inputs, Archive) else list(inputs or {})
+    if isinstance(inputs, Archive):
+        given = inputs.arrays(ref)  # headers compared with the inputs first; other members unread
+    else:
+        given = {k: np.asarray(v) for k, v in (inputs or {}).items() if k in names}
+    if in_file and not given:
         outputs = {o.name for o in ref.graph.outputs}
         raise UsageError(f"inputs file holds none of the model's inputs ({', '.join(names)}): it names "
-                         + ", ".join(f"{k}{' (an output)' if k in outputs else _close(k, names)}" for k in inputs))
+                         + ", ".join(f"{k}{' (an output)' if k in outputs else _close(k, names)}" for k in in_file))
     shapes = {**_fully_static(cand, names), **(shapes or {}), **{k: list(v.shape) for k, v in given.items()}}
     specs = runtime.input_specs(ref, shapes, dims, fixed=input_sizes.static_dims(cand), basis=basis)
     feeds = runtime.random_inputs({k: v for k, v in specs.items() if k not in given}, seed)

@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = {
     "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
                "dmlopt.target", "dmlopt.scratch", "dmlopt.data", "dmlopt.outputs", "dmlopt.arg_types",
-               "dmlopt.limits", "dmlopt.inputs_file", "dmlopt.ort_model", "dmlopt.supervisor", "dmlopt.pass_catalog",
+               "dmlopt.limits", "dmlopt.inputs_file", "dmlopt.ort_model", "dmlopt.process_tree", "dmlopt.supervisor", "dmlopt.pass_catalog",
                # WebGPU facts from ORT's source and the Vulkan device list (both targets): read by passes and runtime alike.
                "dmlopt.targets.webgpu.registry", "dmlopt.vulkan"],
     "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",

@@ -50,6 +50,27 @@ def test_parse_dim():
     assert parse_dim(" batch_size = 4 ") == {"batch_size": 4}
 
 
+def test_parse_dim_name_holding_equals_splits_at_the_last():
+    assert parse_dim("seq=len=3") == {"seq=len": 3}
+    assert parse_dim("a==2") == {"a=": 2}
+
+
+def test_dim_advice_for_a_name_with_equals_works(cli, tmp_path):
+    """The refusal advises `--dim seq=len=N`: following it must work (#32.8)."""
+    from onnx import TensorProto, helper, save
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "seq=len"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "seq=len"])])
+    path = tmp_path / "m.onnx"
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    refused = cli("validate", path, path)
+    assert refused.code == 2 and "--dim seq=len=N" in refused.err, refused.err
+    advised = refused.err.split("--dim ")[-1].split()[0].replace("=N", "=3")
+    r = cli("validate", path, path, "--dim", advised)
+    assert r.code == 0, r.err
+    assert "2x3" in r.out
+
+
 @pytest.mark.parametrize("text,message", [
     ("batch", "expected DIM_PARAM=VALUE"),
     ("=1", "expected DIM_PARAM=VALUE"),

@@ -77,7 +77,7 @@ def calibrate_on_host(model: ir.Model, ep: real_ep.RealEP, *, shapes=None, dims=
     if feeds is None:
         feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims))
     observed = ep.run(model, feeds, level=LEVEL_NAME)
-    actual = actual_placement(observed.log, [])
+    actual = actual_placement(observed.log, [], rename=observed.rename)
     if not actual["log_has_placements"]:
         raise ProviderError(f"the DirectML host's log (ORT {ep.version}) has no node placement: nothing to compare")
     actual["by_node"].pop(host.PROBE_NODE, None)
@@ -110,9 +110,15 @@ def observe(model: ir.Model, target: str, *, shapes=None, dims=None, feeds: Mapp
         return {"log": box["text"], "events": events, "providers": providers}
 
 
-def actual_placement(log: str, events) -> dict[str, Any]:
-    """Where ORT put each node it lists (log, then profile), its copies and fused partitions."""
+def actual_placement(log: str, events, rename=None) -> dict[str, Any]:
+    """Where ORT put each node it lists (log, then profile), its copies and fused partitions.
+    `rename`: the model's own name for a name in the log (a host run's safe names: host_names)."""
     placements = ort_log.parse_placements(log)
+    copies_added = ort_log.parse_copies(log)
+    if rename is not None:
+        for entry in placements.values():
+            entry["nodes"] = [{"op": rename(n["op"]), "name": rename(n["name"])} for n in entry["nodes"]]
+        copies_added = [{**c, "value": rename(c["value"])} for c in copies_added]
     by_node: dict[str, str] = {}
     ops: dict[str, str] = {}
     for provider, entry in placements.items():
@@ -132,7 +138,7 @@ def actual_placement(log: str, events) -> dict[str, Any]:
                    | {n["op"] for e in placements.values() for n in e["nodes"]
                       if n["op"].startswith(ort_log.FUSED_PREFIXES)})
     return {"placements": placements, "by_node": by_node, "ops": ops, "all_on": all_on,
-            "copies": {"count": max(listed_copies, len(copy_nodes)), "added": ort_log.parse_copies(log)},
+            "copies": {"count": max(listed_copies, len(copy_nodes)), "added": copies_added},
             "fused_partitions": fused, "log_has_placements": bool(placements), "profiled": bool(profiled)}
 
 

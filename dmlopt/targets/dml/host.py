@@ -20,33 +20,40 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import pathlib
 import re
+import secrets
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
-from typing import Any, Mapping
+import tempfile
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import scratch
-from dmlopt.errors import InputError, ProviderError, UsageError
-from dmlopt.targets.dml import ort_log
+from dmlopt import process_tree, scratch
+from dmlopt.errors import InputError, ProviderError, UsageError, printable
+from dmlopt.targets.dml import host_answer, host_names, ort_log
 
 __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_host", "placement_summary"]
 
 ENV_VAR = "DMLOPT_DML_HOST"
 TIMEOUT_VAR = "DMLOPT_DML_TIMEOUT"
+RUN_MARK = "DMLOPT_DML_HOST_RUN"  # in the environment of every process of one host run (process_tree)
 DEFAULT_TIMEOUT_S = 600
 # Where a host comes from, in words that hold for a pip install too (the kit is not in the wheel).
 SETUP = ("the dml-wine kit's setup.sh (dmlopt's README, 'The real DirectML EP on Linux', says where it is and "
          "how to run it)")
 HOW_TO = ("to run the real DirectML EP here, make a DirectML host (a folder with Wine, ONNX Runtime's Windows "
           f"builds and Vulkan) with {SETUP}, and pass --dml-host DIR (or set {ENV_VAR}=DIR)")
+MAX_TIMEOUT_S = 7 * 24 * 3600  # `timeout` and Popen.wait both take it; a larger one is a typo
+RESULT_BYTES = 2**20  # the runner's result.json: times and a list of outputs
 SOFTWARE_NOTE = "software rendering: not GPU speed"
 RUNNER = pathlib.Path(__file__).with_name("runner.js")
 TOOLS = ("wine", "xvfb-run", "timeout")
@@ -67,14 +74,18 @@ def configured(flag: str | os.PathLike | None = None) -> str | None:
 def find(flag: str | os.PathLike | None = None) -> "Host | None":
     """The host when one is configured (checked: a broken one is an error), else None."""
     folder = configured(flag)
-    return None if folder is None else open_host(folder)
+    if folder is None:
+        return None
+    timeout_s()  # the environment's time limit is checked with the folder, before any work
+    return open_host(folder)
 
 
 def open_host(folder: str | os.PathLike) -> "Host":
     root = pathlib.Path(folder).expanduser()
-    where = f"the DirectML host {os.fspath(folder)!r}"
+    where = f"the DirectML host {printable(os.fspath(folder), 300)!r}"
     if not root.is_dir():
         raise ProviderError(f"{where} is not a folder; {HOW_TO}")
+    check_paths(root.resolve())
     missing = [t for t in TOOLS if shutil.which(t) is None]
     missing += [f for f in FILES if not (root / f).is_file()]
     if not (root / "prefix").is_dir():
@@ -86,6 +97,38 @@ def open_host(folder: str | os.PathLike) -> "Host":
         raise ProviderError(f"{where} is incomplete: missing {', '.join(missing)} (make it again "
                             f"with {SETUP})")
     return Host(root.resolve(), tuple(versions))
+
+
+# Paths that reach Wine: a double quote breaks Wine's command line (node.exe exits 53 or 1, no
+# result), whitespace in the temp folder breaks xvfb-run (seen as DirectML's DXGI error 887A0004),
+# and the DLLs under a long host folder pass Windows' 260-character path limit (node.exe dies,
+# 0xc06d007e).  Such paths are refused before any work, naming the path.
+HOST_PATH_CHARS = 160  # the longest file Windows loads under it (ort-V/.../x64/*.dll) is ~80 more
+TEMP_PATH_CHARS = 200  # the job's files sit ~40 deeper; 240 was seen to work
+BREAKS_WINE = re.compile(r'["\x00-\x1f\x7f]')
+BREAKS_XVFB_RUN = re.compile(r"\s")
+
+
+def check_paths(root: pathlib.Path) -> None:
+    """UsageError (exit 2) naming the path when the host folder or the temp folder cannot reach Wine."""
+    shown = printable(os.fspath(root), 300)
+    if BREAKS_WINE.search(os.fspath(root)):
+        raise UsageError(f"the DirectML host folder {shown!r} holds a double quote or a control character, which "
+                         "Wine's command line cannot carry: move or link it to a path without one")
+    if len(os.fspath(root)) > HOST_PATH_CHARS:
+        raise UsageError(f"the DirectML host folder {shown!r} is {len(os.fspath(root))} characters long: the DLLs "
+                         f"under it would pass Windows' 260-character path limit (at most {HOST_PATH_CHARS}); move "
+                         "or link it to a shorter path")
+    temp = tempfile.gettempdir()
+    shown = printable(temp, 300)
+    if BREAKS_WINE.search(temp) or BREAKS_XVFB_RUN.search(temp):
+        raise UsageError(f"the temp folder {shown!r} (TMPDIR) holds whitespace, a double quote or a control "
+                         "character, which xvfb-run and Wine's command line cannot carry to the DirectML host: set "
+                         "TMPDIR to a folder without them")
+    if len(temp) > TEMP_PATH_CHARS:
+        raise UsageError(f"the temp folder {shown!r} (TMPDIR) is {len(temp)} characters long: the DirectML host's "
+                         f"files in it would pass Windows' path limit (at most {TEMP_PATH_CHARS}); set TMPDIR to a "
+                         "shorter folder")
 
 
 def versions_in(root: pathlib.Path) -> list[str]:
@@ -177,25 +220,35 @@ class HostRun:
     session_ms: float
     warmup_ms: list[float]
     run_ms: list[float]
-    log: str
+    log: str  # as ORT wrote it: names are the host run's (`rename` gives the model's own)
     placement: dict[str, Any]
     host: dict[str, Any]
+    rename: Callable[[str], str] = str
 
     @property
     def nodes(self) -> list[dict[str, str]]:
         """Every node ORT listed, with its provider: {op, name, provider} (the probe left out)."""
-        return [{**n, "provider": provider} for provider, entry in ort_log.parse_placements(self.log).items()
+        return [{**n, "name": self.rename(n["name"]), "provider": provider}
+                for provider, entry in ort_log.parse_placements(self.log).items()
                 for n in entry["nodes"] if n["name"] != PROBE_NODE]
 
 
-def timeout_s(timeout: float | None) -> float:
-    if timeout is not None:
-        return float(timeout)
-    text = os.environ.get(TIMEOUT_VAR, "")
+def timeout_s(timeout: float | str | None = None) -> float:
+    """The time limit of one host run: `timeout`, else DMLOPT_DML_TIMEOUT, else 600 s, checked like
+    an option (exit 2 naming where it came from): `timeout 0` means no limit and NaN or a negative
+    reaches `timeout` itself, which then fails as if the EP had."""
+    where = "timeout" if timeout is not None else TIMEOUT_VAR
+    text = str(timeout) if timeout is not None else os.environ.get(TIMEOUT_VAR, "").strip()
+    if not text:
+        return float(DEFAULT_TIMEOUT_S)
     try:
-        return float(text) if text else DEFAULT_TIMEOUT_S
+        value = float(text)
     except ValueError:
-        raise UsageError(f"{TIMEOUT_VAR}={text!r} is not a number of seconds") from None
+        value = math.nan
+    if not (0 < value <= MAX_TIMEOUT_S):  # NaN fails too
+        raise UsageError(f"{where}={printable(text, 40)!r}: the DirectML host's time limit must be a number of "
+                         f"seconds above 0 and at most {MAX_TIMEOUT_S} (default {DEFAULT_TIMEOUT_S})")
+    return value
 
 
 def with_probe(model: ir.Model) -> ir.Model | None:
@@ -221,18 +274,22 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
         fusion: bool = True, list_nodes: bool = True, warmup: int = 0, runs: int = 1,
         timeout: float | None = None) -> HostRun:
     limit = timeout_s(timeout)
+    names = host_names.SafeNames(model)  # no name of the model reaches JavaScript or ORT's log
+    model = names.model
     probed = with_probe(model) if list_nodes else None
     with scratch.folder("dmlopt-dmlhost-") as tmp:
         (tmp / "out").mkdir()
         path = tmp / "model.onnx"
         ir.save(probed or model, path, external_data="model.onnx.data" if _needs_external(model) else None)
-        inputs = {}
+        inputs = []
         for i, (name, value) in enumerate(feeds.items()):
+            if name not in names.inputs:
+                continue
             file = tmp / f"in{i}.npy"
             np.save(file, np.ascontiguousarray(value), allow_pickle=False)
-            inputs[name] = windows_path(file)
+            inputs.append([names.inputs[name], windows_path(file)])
         job = {"ort": windows_path(host.package(version)), "model": windows_path(path), "inputs": inputs,
-               "strings": {f"{PROBE_NODE}_in": [1]} if probed is not None else {},
+               "strings": [[f"{PROBE_NODE}_in", [1]]] if probed is not None else [],
                "outputs_dir": windows_path(tmp / "out"), "result": windows_path(tmp / "result.json"),
                "session": {"optLevel": level, "disableFusion": not fusion, "verbose": True},
                "warmup": int(warmup), "runs": int(runs)}
@@ -240,25 +297,48 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
         log_path = tmp / "log.txt"
         rc = _launch(host, version, tmp / "job.json", log_path, limit)
         log = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
-        result = _read_result(tmp / "result.json")
         if rc in (124, 137) or rc < 0:
             raise ProviderError(f"the DirectML host (ORT {version}) did not finish within {limit:g} s "
                                 f"(set {TIMEOUT_VAR}=SECONDS for a larger model; under lavapipe a big model "
                                 "takes minutes)")
-        if result is None or not result.get("ok"):
-            reason = (result or {}).get("error") or _failure_line(log) or f"exit status {rc}, no result"
+        where = f"the DirectML host (ORT {version}, {host.root})"
+        wanted = _expected_outputs(model)
+        try:
+            data = _read_result(tmp / "result.json")
+            answer = None if data is None else host_answer.read_result(data, warmup=int(warmup), runs=int(runs),
+                                                                        outputs=list(wanted))
+            if answer is not None and answer["ok"]:
+                outputs = host_answer.read_outputs(tmp / "out", answer, wanted)
+        except host_answer.HostAnswerError as e:
+            raise host_answer.HostAnswerError(f"{where} answered badly: {e}") from None
+        if answer is None or not answer["ok"]:
+            reason = (answer or {}).get("error") or _failure_line(log) or f"exit status {rc}, no result"
+            reason = printable(names.original(reason), 500)  # the model's own names again, escaped
             if "for float16 tensors" in reason:  # onnxruntime-node 1.17's binding: no float16 in or out
                 reason = (f"onnxruntime-node {version} cannot pass float16 tensors in or out of a session; keep "
                           "float32 inputs and outputs (optimize --fp16 keeps them by default) or use ORT 1.19 or "
                           f"newer ({reason})")
             raise InputError(f"the real DirectML EP (ORT {version}, {host.root}) failed: {reason}")
-        outputs = {}
-        for entry in result["outputs"]:
-            file = tmp / "out" / os.path.basename(str(entry["file"]).replace("\\", "/"))
-            outputs[str(entry["name"])] = np.load(file, allow_pickle=False)
-    return HostRun(outputs=outputs, session_ms=float(result["session_ms"]),
-                   warmup_ms=[float(t) for t in result["warmup_ms"]], run_ms=[float(t) for t in result["run_ms"]],
-                   log=log, placement=placement_summary(log), host=host.describe(version))
+    return HostRun(outputs={names.outputs[k]: v for k, v in outputs.items()}, session_ms=answer["session_ms"],
+                   warmup_ms=answer["warmup_ms"], run_ms=answer["run_ms"], log=log,
+                   placement=placement_summary(log, names.original), host=host.describe(version),
+                   rename=names.original)
+
+
+def _expected_outputs(model: ir.Model) -> dict[str, tuple[np.dtype | None, list]]:
+    """The outputs the runner writes back (all but string ones): name -> (numpy dtype, dims)."""
+    found = {}
+    for v in model.graph.outputs:
+        dtype = v.dtype
+        if dtype == ir.DataType.STRING:
+            continue
+        try:
+            np_dtype = np.dtype(dtype.numpy()) if dtype is not None else None
+        except (TypeError, ValueError, AttributeError):
+            np_dtype = None
+        dims = list(v.shape.dims) if v.shape is not None else None
+        found[v.name] = (np_dtype, dims)
+    return found
 
 
 def _needs_external(model: ir.Model) -> bool:
@@ -267,42 +347,77 @@ def _needs_external(model: ir.Model) -> bool:
     return total > 2**30
 
 
-def environment(host: Host, version: str) -> dict[str, str]:
+def environment(host: Host, version: str, temp: pathlib.Path | None = None, token: str | None = None
+                ) -> dict[str, str]:
+    """The host's environment: Wine's settings, `temp` as its TMPDIR (xvfb-run's folder and Wine's
+    server directory land there, not in the system temp folder, and each run gets a wineserver of
+    its own), and `token` marking every process of the run (process_tree)."""
     env = dict(os.environ)
     env.update({"WINEPREFIX": str(host.root / "prefix"), "WINEDLLOVERRIDES": "mscoree,mshtml=;winedbg.exe=d;d3d12=n",
                 "WINEDEBUG": env.get("WINEDEBUG", "err+all,fixme-all"), "VKD3D_DEBUG": env.get("VKD3D_DEBUG", "err"),
                 "VKD3D_SHADER_DEBUG": env.get("VKD3D_SHADER_DEBUG", "err"),
                 # ORT 1.31's telemetry (WinHTTP + SQLite) deadlocks the first session under Wine.
                 "ORT_DISABLE_TELEMETRY": "1"})
+    if temp is not None:
+        env["TMPDIR"] = str(temp)
+    if token is not None:
+        env[RUN_MARK] = token
     env.pop("DISPLAY", None)  # xvfb-run gives Wine its own X display
     return env
 
 
 def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path, limit: float) -> int:
+    """Run the host on `job` in its own process group, its temp folder beside the job; however
+    this ends (done, time limit, interrupt), every process of the run is ended before it returns:
+    Wine's server and services leave the group, so they are found by the run's mark."""
+    temp = job.parent / "tmp"
+    temp.mkdir()
+    token = secrets.token_hex(8)
+    runner = shutil.copy(RUNNER, job.parent / RUNNER.name)  # beside the job: dmlopt's own path may not suit Wine
     command = ["timeout", "-k", "10", f"{limit:g}", "xvfb-run", "-a", "wine", str(host.root / "node.exe"),
-               windows_path(RUNNER), windows_path(job)]
+               windows_path(runner), windows_path(job)]
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=environment(host, version), start_new_session=True)
+                                    env=environment(host, version, temp, token), start_new_session=True)
         except OSError as e:
             raise ProviderError(f"cannot start the DirectML host: {e}") from e
         try:
             return proc.wait(timeout=limit + 30)
         except BaseException:  # a hang past timeout's own kill, or an interrupt: end the whole group
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGTERM)
             except OSError:
                 pass
-            proc.wait()
             raise
+        finally:
+            with scratch.uninterrupted():  # an interrupt waits until nothing of the run is left
+                process_tree.end_marked(RUN_MARK, token)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait()
 
 
-def _read_result(path: pathlib.Path) -> dict[str, Any] | None:
+def _read_result(path: pathlib.Path) -> Any:
+    """result.json parsed (None when there is none); a file that is not JSON, too large, deeply
+    nested or not a regular file is a HostAnswerError (host_answer checks what it holds)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
         return None
+    except OSError as e:
+        raise host_answer.HostAnswerError(f"result.json cannot be read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > RESULT_BYTES:
+            raise host_answer.HostAnswerError(f"result.json is not a regular file of at most {RESULT_BYTES} bytes")
+        data = f.read(RESULT_BYTES + 1)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise host_answer.HostAnswerError(f"result.json is not JSON ({printable(str(e), 200)})") from None
 
 
 FAILURE = re.compile(r"\[E:onnxruntime[^\]]*\]\s*(.*)|(page fault.*)|(Unhandled exception.*)|"
@@ -317,13 +432,14 @@ def _failure_line(log: str) -> str | None:
     return None
 
 
-def placement_summary(log: str) -> dict[str, Any]:
+def placement_summary(log: str, rename: Callable[[str], str] = str) -> dict[str, Any]:
     """CPU nodes, copies and compiled partitions from one DirectML session's verbose log; DirectML
     nodes outside any compiled partition (a graph with dynamic shapes compiles none) are
     `dml_standalone`.
 
     The probe node is left out.  `listed` is False when ORT listed no node by name ("All nodes
-    placed on [EP]"): then the partition count is unknown (None)."""
+    placed on [EP]"): then the partition count is unknown (None).  `rename`: the model's own name
+    for a name of the host run (host_names)."""
     placements = ort_log.parse_placements(log)
     dml = placements.get("DmlExecutionProvider", {"count": 0, "all": False, "nodes": []})
     cpu = placements.get("CPUExecutionProvider", {"count": 0, "all": False, "nodes": []})
@@ -335,10 +451,10 @@ def placement_summary(log: str) -> dict[str, Any]:
     listed = bool(dml["nodes"]) or dml["count"] == 0
     ops: dict[str, int] = {}
     for n in cpu_nodes:
-        ops[n["op"]] = ops.get(n["op"], 0) + 1
+        ops[rename(n["op"])] = ops.get(rename(n["op"]), 0) + 1
     dml_copies = sum(1 for n in dml["nodes"] if n["op"] in ort_log.COPY_OPS)
     standalone = dml["count"] - len(fused) - dml_copies if listed else None
     return {"found": bool(placements), "dml_nodes": dml["count"], "dml_standalone": standalone, "cpu_nodes": len(cpu_nodes) if cpu["nodes"] else cpu["count"] - int(probe),
             "cpu_ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "cpu_node_names": [n["name"] for n in cpu_nodes], "copies": copies,
+            "cpu_node_names": [rename(n["name"]) for n in cpu_nodes], "copies": copies,
             "partitions": len(fused) if listed else None, "fused_partitions": fused, "listed": listed}

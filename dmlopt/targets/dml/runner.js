@@ -5,8 +5,10 @@
 // dmlopt (dmlopt/targets/dml/host.py) writes JOB.json and reads RESULT.json; tensors travel as .npy files.
 // Why files: Windows node.exe under Wine cannot write to a pipe (EBADF), so its stdout/stderr go to a file,
 // which is also where ONNX Runtime's verbose log (placements, Memcpy nodes) lands; host.py parses it.
-// JOB: {ort: dir of onnxruntime-node, model, inputs: {name: file.npy}, strings: {name: [dims]},
+// JOB: {ort: dir of onnxruntime-node, model, inputs: [[name, file.npy]], strings: [[name, [dims]]],
 //       outputs_dir, result, session: {optLevel, disableFusion, verbose}, warmup, runs}
+// Names travel as arrays of pairs, never as object keys ('__proto__' is not a key in JavaScript);
+// host.py renames every value and node of the model to safe names for the run anyway (host_names.py).
 // RESULT: {ok, ort_version, session_ms, warmup_ms: [], run_ms: [], outputs: [{name, file, dtype, shape}],
 //          error}
 'use strict';
@@ -81,8 +83,8 @@ async function main() {
     result.ort_version = JSON.parse(fs.readFileSync(path.join(job.ort, 'package.json'), 'utf8')).version;
     if (job.session.verbose !== false) ort.env.logLevel = 'verbose';
     const feeds = {};
-    for (const [name, file] of Object.entries(job.inputs || {})) feeds[name] = npyLoad(ort, file);
-    for (const [name, dims] of Object.entries(job.strings || {})) {
+    for (const [name, file] of job.inputs || []) feeds[name] = npyLoad(ort, file);
+    for (const [name, dims] of job.strings || []) {
       const n = dims.reduce((a, b) => a * b, 1);
       feeds[name] = new ort.Tensor('string', new Array(n).fill('dmlopt'), dims);
     }
@@ -98,7 +100,9 @@ async function main() {
       (i < (job.warmup || 0) ? result.warmup_ms : result.run_ms).push(ms);
     }
     let k = 0;
-    for (const [name, tensor] of Object.entries(out)) {
+    for (const name of session.outputNames) {
+      if (!Object.prototype.hasOwnProperty.call(out, name)) throw new Error('ORT returned no output ' + JSON.stringify(name));
+      const tensor = out[name];
       if (tensor.type === 'string') continue;
       const file = `out${k++}.npy`;
       npySave(path.join(job.outputs_dir, file), tensor);
