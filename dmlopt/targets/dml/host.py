@@ -35,11 +35,13 @@ import tempfile
 from typing import Any, Callable, Mapping
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from dmlopt import process_tree, scratch
 from dmlopt.errors import InputError, ProviderError, UsageError, printable
-from dmlopt.targets.dml import host_answer, host_names, ort_log
+from dmlopt import ort_model
+from dmlopt.targets.dml import adapter, host_answer, host_names, ort_log
 
 __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_host", "placement_summary"]
 
@@ -168,8 +170,13 @@ class Host:
         return self.root / f"ort-{version}" / "node_modules" / "onnxruntime-node"
 
     def describe(self, version: str) -> dict[str, Any]:
-        """What a report names: ORT version, DirectML.dll version, Vulkan device, software or not."""
-        return describe(self.root, self.package(version), version)
+        """What a report names: ORT version, DirectML.dll version, the device DirectML uses (asked inside
+        the host: dmlopt.targets.dml.adapter), software or not."""
+        found = device(self, version)
+        software = found["software"]
+        return {**describe(self.root, self.package(version), version),
+                "vulkan_device": found["name"], "device_source": found["source"],
+                "software": software, "note": SOFTWARE_NOTE if software else None}
 
     def run(self, model: ir.Model, feeds: Mapping[str, np.ndarray], version: str, *, level: str = "all",
             fusion: bool = True, list_nodes: bool = True, warmup: int = 0, runs: int = 1,
@@ -182,13 +189,41 @@ class Host:
 @functools.lru_cache(maxsize=None)
 def describe(root: pathlib.Path, package: pathlib.Path, version: str) -> dict[str, Any]:
     dll = next(iter(sorted(package.glob("bin/*/win32/x64/DirectML.dll"))), None)
-    devices = vulkan_devices()
-    first = devices[0] if devices else None
-    software = bool(first) and first["software"]
     return {"host": "wine", "folder": str(root), "ort_version": version,
-            "directml_dll": dll_version(dll) if dll else "missing",
-            "vulkan_device": first["name"] if first else "unknown (no Vulkan device found)",
-            "software": software, "note": SOFTWARE_NOTE if software else None}
+            "directml_dll": dll_version(dll) if dll else "missing"}
+
+
+# (host folder, ORT version) -> the adapter its DirectML uses, from a run's own log (adapter.from_log)
+_DEVICES: dict[tuple[pathlib.Path, str], dict[str, Any]] = {}
+
+
+def device(host: "Host", version: str) -> dict[str, Any]:
+    """The adapter the host's DirectML uses: from the log of a run already made, else from one probe
+    run (a single Relu, vkd3d tracing its device choice); where the run names none, the first
+    Vulkan device this process sees, said so."""
+    key = (host.root, version)
+    if key not in _DEVICES:
+        try:
+            model = ir.from_proto(ort_model.make_model(_relu_graph(), {"": 13}))
+            log = run(host, model, {"x": np.zeros((1, 4), np.float32)}, version, list_nodes=False,
+                      trace_device=True, describe_host=False).log
+        except (InputError, ProviderError) as e:  # the failure shows again where the real work runs
+            log = str(e)
+        found = adapter.from_log(log)
+        if found is None:
+            devices = vulkan_devices()
+            first = devices[0] if devices else None
+            found = {"name": first["name"] if first else "unknown (no Vulkan device found)", "vendor_id": None,
+                     "software": bool(first) and first["software"],
+                     "source": "the first Vulkan device this process sees (the host run named none)"}
+        _DEVICES[key] = found
+    return _DEVICES[key]
+
+
+def _relu_graph() -> onnx.GraphProto:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])
+    return onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "dmlopt_adapter_probe", [x], [y])
 
 
 def dll_version(path: pathlib.Path) -> str:
@@ -272,7 +307,9 @@ def with_probe(model: ir.Model) -> ir.Model | None:
 
 def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: str, *, level: str = "all",
         fusion: bool = True, list_nodes: bool = True, warmup: int = 0, runs: int = 1,
-        timeout: float | None = None) -> HostRun:
+        timeout: float | None = None, trace_device: bool = False, describe_host: bool = True) -> HostRun:
+    """`trace_device`: vkd3d traces its device choice into the log (dmlopt.targets.dml.adapter);
+    `describe_host=False`: the run's `host` is left empty (the device probe's own run)."""
     limit = timeout_s(timeout)
     names = host_names.SafeNames(model)  # no name of the model reaches JavaScript or ORT's log
     model = names.model
@@ -295,8 +332,10 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
                "warmup": int(warmup), "runs": int(runs)}
         (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
         log_path = tmp / "log.txt"
-        rc = _launch(host, version, tmp / "job.json", log_path, limit)
+        rc = _launch(host, version, tmp / "job.json", log_path, limit, trace_device)
         log = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
+        if (host.root, version) not in _DEVICES and (named := adapter.from_log(log)) is not None:
+            _DEVICES[(host.root, version)] = named
         if rc in (124, 137) or rc < 0:
             raise ProviderError(f"the DirectML host (ORT {version}) did not finish within {limit:g} s "
                                 f"(set {TIMEOUT_VAR}=SECONDS for a larger model; under lavapipe a big model "
@@ -321,7 +360,8 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
             raise InputError(f"the real DirectML EP (ORT {version}, {host.root}) failed: {reason}")
     return HostRun(outputs={names.outputs[k]: v for k, v in outputs.items()}, session_ms=answer["session_ms"],
                    warmup_ms=answer["warmup_ms"], run_ms=answer["run_ms"], log=log,
-                   placement=placement_summary(log, names.original), host=host.describe(version),
+                   placement=placement_summary(log, names.original),
+                   host=host.describe(version) if describe_host else {},
                    rename=names.original)
 
 
@@ -347,8 +387,8 @@ def _needs_external(model: ir.Model) -> bool:
     return total > 2**30
 
 
-def environment(host: Host, version: str, temp: pathlib.Path | None = None, token: str | None = None
-                ) -> dict[str, str]:
+def environment(host: Host, version: str, temp: pathlib.Path | None = None, token: str | None = None,
+                trace_device: bool = False) -> dict[str, str]:
     """The host's environment: Wine's settings, `temp` as its TMPDIR (xvfb-run's folder and Wine's
     server directory land there, not in the system temp folder, and each run gets a wineserver of
     its own), and `token` marking every process of the run (process_tree)."""
@@ -358,6 +398,8 @@ def environment(host: Host, version: str, temp: pathlib.Path | None = None, toke
                 "VKD3D_SHADER_DEBUG": env.get("VKD3D_SHADER_DEBUG", "err"),
                 # ORT 1.31's telemetry (WinHTTP + SQLite) deadlocks the first session under Wine.
                 "ORT_DISABLE_TELEMETRY": "1"})
+    if trace_device:
+        env["VKD3D_DEBUG"] = "trace"
     if temp is not None:
         env["TMPDIR"] = str(temp)
     if token is not None:
@@ -366,7 +408,8 @@ def environment(host: Host, version: str, temp: pathlib.Path | None = None, toke
     return env
 
 
-def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path, limit: float) -> int:
+def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path, limit: float,
+            trace_device: bool = False) -> int:
     """Run the host on `job` in its own process group, its temp folder beside the job; however
     this ends (done, time limit, interrupt), every process of the run is ended before it returns:
     Wine's server and services leave the group, so they are found by the run's mark."""
@@ -379,7 +422,7 @@ def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path,
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=environment(host, version, temp, token), start_new_session=True)
+                                    env=environment(host, version, temp, token, trace_device), start_new_session=True)
         except OSError as e:
             raise ProviderError(f"cannot start the DirectML host: {e}") from e
         try:

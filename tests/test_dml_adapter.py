@@ -1,0 +1,90 @@
+"""The DirectML host names the adapter its DirectML really uses, asked inside the host run (issue 30, item 5).
+
+A Vulkan query outside the host saw no device on the GPU machine ("Vulkan device unknown") and the host's
+GPU times could not be told from software ones.  The device now comes from the host run's own log: ORT's
+device discovery (DXGI adapter 0, ORT 1.22+) or vkd3d's traced device choice.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dmlopt.targets.dml import adapter, host
+from tests import fake_dml_host
+from tests.test_dml_host_boundary import identity_model
+
+NVIDIA = ("2026-12-06 [I:onnxruntime:onnxruntime-node, device_discovery_common.cc:34] Discovered OrtHardwareDevice "
+          "{vendor_id:0x10de, device_id:0x2330, vendor:NVIDIA, type:1, metadata: [Description=NVIDIA H100 80GB HBM3, "
+          "DxgiAdapterNumber=0, DxgiHighPerformanceIndex=0, DxgiVideoMemory=81559 MB, LUID=1008, ]}")
+CPU_DEVICE = ("Discovered OrtHardwareDevice {vendor_id:0x8086, device_id:0x0, vendor:Intel, type:0, "
+              "metadata: [Description=Intel, ]}")
+LAVAPIPE = ("Discovered OrtHardwareDevice {vendor_id:0x10005, device_id:0x0, vendor:, type:1, metadata: "
+            "[Description=llvmpipe (LLVM 15.0.6, 256 bits), DxgiAdapterNumber=0, DxgiVideoMemory=24151 MB, ]}")
+VKD3D = "vkd3d:0024:trace:vkd3d_select_physical_device Using device: NVIDIA H100 80GB HBM3, 0x10de:0x2330."
+
+
+def test_dxgi_adapter_zero_from_ort_device_discovery():
+    found = adapter.from_log("\n".join([CPU_DEVICE, NVIDIA]))
+    assert found["name"] == "NVIDIA H100 80GB HBM3" and found["vendor_id"] == 0x10DE and not found["software"]
+    assert "DXGI adapter 0" in found["source"]
+
+
+def test_a_description_holding_commas_is_read_whole_and_lavapipe_is_software():
+    found = adapter.from_log(LAVAPIPE)
+    assert found["name"] == "llvmpipe (LLVM 15.0.6, 256 bits)" and found["software"]
+
+
+def test_vkd3d_trace_where_ort_has_no_device_discovery():
+    found = adapter.from_log("noise\n" + VKD3D)
+    assert found["name"] == "NVIDIA H100 80GB HBM3" and not found["software"] and "vkd3d" in found["source"]
+    assert adapter.from_log("no device named here") is None
+
+
+def test_a_second_adapter_is_not_the_one_directml_uses():
+    second = NVIDIA.replace("DxgiAdapterNumber=0", "DxgiAdapterNumber=1")
+    assert adapter.from_log(second + "\n" + LAVAPIPE)["software"]
+
+
+def test_a_driver_name_is_bounded_printable_text():
+    found = adapter.from_log(NVIDIA.replace("NVIDIA H100 80GB HBM3", "GPU\x1b[2J" + "x" * 500))
+    assert "\x1b" not in found["name"] and len(found["name"]) <= adapter.NAME_CHARS
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    def make(log_line: str):
+        # the fake runner writes the discovery line where ORT's log goes (the run's stderr), then answers
+        respond = f"import sys\nprint({log_line!r}, file=sys.stderr)\n" + fake_dml_host.ECHO
+        root, path = fake_dml_host.make(tmp_path, respond)
+        monkeypatch.setenv("PATH", path)
+        monkeypatch.delenv(host.TIMEOUT_VAR, raising=False)
+        return root
+    return make
+
+
+def test_a_host_on_a_gpu_is_named_as_its_run_sees_it(cli, fake, tmp_path):
+    """Whatever Vulkan this process sees, the host's own run decides: a GPU there is a GPU."""
+    root = fake(NVIDIA)
+    described = host.open_host(root).describe(fake_dml_host.VERSION)
+    assert described["vulkan_device"] == "NVIDIA H100 80GB HBM3" and described["software"] is False
+    assert described["note"] is None
+    m = identity_model(tmp_path / "m.onnx")
+    r = cli("validate", m, m, "--ep", "dml", "--dml-host", root, "--json")
+    assert r.code == 0, r.err
+    assert "NVIDIA H100 80GB HBM3" in r.out and "software rendering" not in r.out
+
+
+def test_a_software_adapter_in_the_host_is_labelled(cli, fake, tmp_path):
+    root = fake(LAVAPIPE)
+    described = host.open_host(root).describe(fake_dml_host.VERSION)
+    assert described["software"] is True and described["note"] == host.SOFTWARE_NOTE
+
+
+@pytest.mark.dml_host
+def test_the_real_host_names_its_device_from_inside(dml_host):
+    for version in dml_host.versions:
+        described = dml_host.describe(version)
+        assert "host run" in described["device_source"], json.dumps(described)
+        assert described["vulkan_device"] and "unknown" not in described["vulkan_device"]
