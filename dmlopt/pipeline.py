@@ -243,15 +243,27 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
                                          ort_version)
         if not out.passed and not v.reference_nonfinite:  # no finite reference: the inputs' fault, no pass's
             rep.broken_by = _bisect(original, [cls for cls in pass_classes], context, explicit, inputs, atol, rtol)
-    # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.
+    # Re-timing runs the model: not after --no-validate (nothing is run) unless asked for.  A DirectML
+    # host on a GPU times as Windows would (each model in its own host process); a software one does not.
+    gpu_host = (target == "dml" and real is not None and real.host is not None and not real.software
+                and bool((rep.real_ep or {}).get("passed")) and retime is not False)
     rep.not_timed = ("validation failed" if not out.passed else "--no-time" if retime is False
                      else "--no-validate runs nothing" if not validate and not retime
+                     else None if gpu_host
                      else _host_not_timed(rep.real_ep) if (rep.real_ep or {}).get("passed") is not None
                      else f"{runtime.PROVIDERS[target]}, the target's provider, is not on this machine"
                      if not runtime.has_target(target) else runtime.timing_refusal(target))
     # A software adapter (WebGPU on lavapipe) is timed only when asked, and the timing says so.
-    if out.passed and (retime or (retime is None and validate and runtime.has_target(target)
-                                  and runtime.timing_refusal(target) is None)):
+    if out.passed and gpu_host:
+        if not any(p["modified"] for p in rep.passes):
+            rep.timing = {"provider": "DmlExecutionProvider", "identical": True,
+                          "verdict": "identical graph: no pass changed the model, nothing to time"}
+        else:
+            with ticking(progress, f"time before/after on the DirectML host (ORT {real.version})"):
+                rep.timing = real_ep.retime(original, work, real, shapes=context.shapes, dims=context.dims,
+                                            inputs=inputs)
+    elif out.passed and (retime or (retime is None and validate and runtime.has_target(target)
+                                    and runtime.timing_refusal(target) is None)):
         if not any(p["modified"] for p in rep.passes):  # the same graph: a timing would only measure noise
             rep.timing = {"provider": runtime.PROVIDERS[target], "identical": True,
                           "verdict": "identical graph: no pass changed the model, nothing to time"}

@@ -88,3 +88,65 @@ def test_the_real_host_names_its_device_from_inside(dml_host):
         described = dml_host.describe(version)
         assert "host run" in described["device_source"], json.dumps(described)
         assert described["vulkan_device"] and "unknown" not in described["vulkan_device"]
+
+
+# A host that answers as the runner does for the one-Identity-node model: input back as output, with as
+# many times as the job asks for, 5 ms per Relu node (the optimized model, one Relu fewer, takes half as long).
+TIMED_ECHO = """
+import numpy as np, onnx
+graph = onnx.load(linux(job['model'])).graph
+files = dict(job['inputs'])
+outs = []
+for i, (inp, out) in enumerate(zip(graph.input, graph.output)):
+    if inp.name not in files:
+        continue
+    data = np.load(linux(files[inp.name]))
+    if any(n.op_type == 'Relu' for n in graph.node):
+        data = np.maximum(data, 0)
+    np.save(os.path.join(linux(job['outputs_dir']), f'out{i}.npy'), data)
+    outs.append({'name': out.name, 'file': f'out{i}.npy', 'dtype': 'float32', 'shape': list(data.shape)})
+ms = 5.0 * max(1, sum(n.op_type == 'Relu' for n in graph.node))
+pathlib.Path(linux(job['result'])).write_text(json.dumps(
+    {'ok': True, 'ort_version': '1.17.3', 'session_ms': 1.0, 'warmup_ms': [ms] * job['warmup'],
+     'run_ms': [ms] * max(1, job['runs']), 'outputs': outs}))
+"""
+
+
+def test_optimize_times_before_and_after_on_a_gpu_host(cli, tmp_path, monkeypatch):
+    """Issue 30, item 5: with the host on a GPU, optimize re-times there (each model in its own host process)
+    instead of "DmlExecutionProvider ... is not on this machine"."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    respond = f"import sys\nprint({NVIDIA!r}, file=sys.stderr)\n" + TIMED_ECHO
+    root, path = fake_dml_host.make(tmp_path, respond)
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.delenv(host.TIMEOUT_VAR, raising=False)
+    # Relu(Relu(x)): cleanup leaves one Relu, so the output differs from the input model (timed: 10 ms -> 5 ms)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), src)
+    r = cli("optimize", src, "-o", tmp_path / "out.onnx", "--target", "dml", "--dml-host", root,
+            "--ort-version", fake_dml_host.VERSION, "--json", "-q")
+    report = json.loads(r.out)
+    assert r.code == 0, r.err
+    timing = report["timing"]
+    assert timing and timing["provider"] == "DmlExecutionProvider", report.get("not_timed")
+    assert timing["host"]["vulkan_device"] == "NVIDIA H100 80GB HBM3"
+    assert timing["runs"] >= 10 and timing["verdict"].startswith("x2.00 faster"), timing
+    assert report.get("not_timed") in (None, "")
+
+
+def test_a_software_host_is_never_timed_by_optimize(cli, tmp_path, monkeypatch):
+    respond = f"import sys\nprint({LAVAPIPE!r}, file=sys.stderr)\n" + TIMED_ECHO
+    root, path = fake_dml_host.make(tmp_path, respond)
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.delenv(host.TIMEOUT_VAR, raising=False)
+    m = identity_model(tmp_path / "m.onnx")
+    r = cli("optimize", m, "-o", tmp_path / "out.onnx", "--target", "dml", "--dml-host", root,
+            "--ort-version", fake_dml_host.VERSION, "--json", "-q")
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    assert not report.get("timing") and "software rendering" in report["not_timed"]

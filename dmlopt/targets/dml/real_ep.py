@@ -24,7 +24,7 @@ from dmlopt.errors import ProviderError, UsageError
 from dmlopt.tables import format_table
 from dmlopt.targets.dml import host as host_mod
 from dmlopt.validate import compare, make_inputs, output_rows, run as run_cpu
-from dmlopt.bench import summary as latency_summary
+from dmlopt.bench import ratio_summary, ratio_text, summary as latency_summary
 
 __all__ = ["RealEP", "host_line", "placement", "resolve", "time_model", "unavailable", "validate_real"]
 
@@ -170,6 +170,39 @@ def time_model(model: ir.Model, ep: RealEP, *, runs: int = 20, warmup: int = 3, 
             "session_ms": result.session_ms, "warmup_ms": result.warmup_ms, "runs": runs,
             "latency_ms": latency_summary(result.run_ms), "placement": result.placement,
             "note": result.host["note"]}
+
+
+def retime(before: ir.Model, after: ir.Model, ep: RealEP, *, shapes=None, dims=None, inputs=None,
+           runs: int = 10, warmup: int = 3) -> dict[str, Any]:
+    """Before/after on the real EP where it is a GPU (a Wine host on a GPU's Vulkan, or Windows): the
+    report's ``timing``.  Each model runs in its own host process, in the order before, after, after,
+    before, so drift over the four processes hits both alike; run i of "after" is paired with run i of
+    "before" for the ratio.  A software device is refused (ProviderError): its times choose nothing."""
+    if ep.software:
+        raise ProviderError(f"the real DirectML EP here is {host_mod.SOFTWARE_NOTE}: optimize does not time on it")
+    basis: list[str] = []
+    feeds = make_inputs(before, after, shapes, dims, inputs, basis=basis)
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    sessions: dict[str, list[float]] = {"before": [], "after": []}
+    models = {"before": before, "after": after}
+    placement = {}
+    for name in ("before", "after", "after", "before"):
+        result = ep.run(models[name], feeds, warmup=warmup, runs=runs)
+        times[name] += list(result.run_ms)
+        sessions[name].append(result.session_ms)
+        placement[name] = result.placement
+        described = result.host
+    pairs = min(len(times["before"]), len(times["after"]))
+    ratio = ratio_summary([a / b for a, b in zip(times["after"][:pairs], times["before"][:pairs]) if b > 0])
+    b, a = latency_summary(times["before"]), latency_summary(times["after"])
+    return {"provider": "DmlExecutionProvider", "before_ms": b["median"], "after_ms": a["median"],
+            "speedup": 1.0 / ratio["median"], "ratio_median": ratio["median"], "ratio": ratio,
+            "verdict": ratio_text(ratio), "inputs": {k: list(v.shape) for k, v in feeds.items()},
+            "input_basis": basis, "runs": pairs, "before": b, "after": a,
+            "load_s_before": min(sessions["before"]) / 1e3, "load_s_after": min(sessions["after"]) / 1e3,
+            "copies_before": placement["before"].get("copies"), "copies_after": placement["after"].get("copies"),
+            "io_binding": "none", "host": described,
+            "how": "each model in its own host process (before, after, after, before), runs paired in order"}
 
 
 def time_table(result: Mapping[str, Any]) -> str:
