@@ -33,8 +33,11 @@ XVFB_RUN = """#!/bin/sh
 exec "$@"
 """
 
-# A host that answers as the runner does for a model of Identity nodes: input k back as output k.
-ECHO = """
+def echo(ms: str = "1.0", relu: bool = False) -> str:
+    """respond.py code answering as the runner does for a model of Identity nodes (input k back as output
+    k; `relu`: through Relu, for a model of Relus), with as many times as the job asks for, each `ms` (a
+    Python expression; `graph` is the model's graph)."""
+    return f"""
 import numpy as np, onnx
 graph = onnx.load(linux(job['model'])).graph
 files = dict(job['inputs'])
@@ -42,11 +45,18 @@ outs = []
 for i, (inp, out) in enumerate(zip(graph.input, graph.output)):
     if inp.name not in files:
         continue
-    np.save(os.path.join(linux(job['outputs_dir']), f'out{i}.npy'), np.load(linux(files[inp.name])))
-    outs.append({'name': out.name, 'file': f'out{i}.npy', 'dtype': 'float32', 'shape': []})
+    data = np.load(linux(files[inp.name]))
+    data = np.maximum(data, 0) if {relu!r} else data
+    np.save(os.path.join(linux(job['outputs_dir']), f'out{{i}}.npy'), data)
+    outs.append({{'name': out.name, 'file': f'out{{i}}.npy', 'dtype': 'float32', 'shape': []}})
+ms = {ms}
 pathlib.Path(linux(job['result'])).write_text(json.dumps(
-    {'ok': True, 'ort_version': '1.17.3', 'session_ms': 1.0, 'warmup_ms': [], 'run_ms': [1.0], 'outputs': outs}))
+    {{'ok': True, 'ort_version': '1.17.3', 'session_ms': 1.0, 'warmup_ms': [ms] * job['warmup'],
+     'run_ms': [ms] * max(1, job['runs']), 'outputs': outs}}))
 """
+
+
+ECHO = echo()
 
 
 def make(tmp_path: pathlib.Path, respond: str = ECHO) -> tuple[pathlib.Path, str]:

@@ -13,7 +13,7 @@ import pytest
 
 from dmlopt.targets.dml import adapter, host
 from tests import fake_dml_host
-from tests.test_dml_host_boundary import identity_model
+from tests.test_dml_host_boundary import fake, identity_model  # noqa: F401 (fake: a fixture)
 
 NVIDIA = ("2026-12-06 [I:onnxruntime:onnxruntime-node, device_discovery_common.cc:34] Discovered OrtHardwareDevice "
           "{vendor_id:0x10de, device_id:0x2330, vendor:NVIDIA, type:1, metadata: [Description=NVIDIA H100 80GB HBM3, "
@@ -52,21 +52,14 @@ def test_a_driver_name_is_bounded_printable_text():
     assert "\x1b" not in found["name"] and len(found["name"]) <= adapter.NAME_CHARS
 
 
-@pytest.fixture
-def fake(tmp_path, monkeypatch):
-    def make(log_line: str):
-        # the fake runner writes the discovery line where ORT's log goes (the run's stderr), then answers
-        respond = f"import sys\nprint({log_line!r}, file=sys.stderr)\n" + fake_dml_host.ECHO
-        root, path = fake_dml_host.make(tmp_path, respond)
-        monkeypatch.setenv("PATH", path)
-        monkeypatch.delenv(host.TIMEOUT_VAR, raising=False)
-        return root
-    return make
+def saying(log_line: str, respond: str = fake_dml_host.ECHO) -> str:
+    """A fake host's respond.py that first writes `log_line` where ORT's log goes (the run's stderr)."""
+    return f"import sys\nprint({log_line!r}, file=sys.stderr)\n" + respond
 
 
 def test_a_host_on_a_gpu_is_named_as_its_run_sees_it(cli, fake, tmp_path):
     """Whatever Vulkan this process sees, the host's own run decides: a GPU there is a GPU."""
-    root = fake(NVIDIA)
+    root = fake(saying(NVIDIA))
     described = host.open_host(root).describe(fake_dml_host.VERSION)
     assert described["vulkan_device"] == "NVIDIA H100 80GB HBM3" and described["software"] is False
     assert described["note"] is None
@@ -77,7 +70,7 @@ def test_a_host_on_a_gpu_is_named_as_its_run_sees_it(cli, fake, tmp_path):
 
 
 def test_a_software_adapter_in_the_host_is_labelled(cli, fake, tmp_path):
-    root = fake(LAVAPIPE)
+    root = fake(saying(LAVAPIPE))
     described = host.open_host(root).describe(fake_dml_host.VERSION)
     assert described["software"] is True and described["note"] == host.SOFTWARE_NOTE
 
@@ -90,38 +83,17 @@ def test_the_real_host_names_its_device_from_inside(dml_host):
         assert described["vulkan_device"] and "unknown" not in described["vulkan_device"]
 
 
-# A host that answers as the runner does for the one-Identity-node model: input back as output, with as
-# many times as the job asks for, 5 ms per Relu node (the optimized model, one Relu fewer, takes half as long).
-TIMED_ECHO = """
-import numpy as np, onnx
-graph = onnx.load(linux(job['model'])).graph
-files = dict(job['inputs'])
-outs = []
-for i, (inp, out) in enumerate(zip(graph.input, graph.output)):
-    if inp.name not in files:
-        continue
-    data = np.load(linux(files[inp.name]))
-    if any(n.op_type == 'Relu' for n in graph.node):
-        data = np.maximum(data, 0)
-    np.save(os.path.join(linux(job['outputs_dir']), f'out{i}.npy'), data)
-    outs.append({'name': out.name, 'file': f'out{i}.npy', 'dtype': 'float32', 'shape': list(data.shape)})
-ms = 5.0 * max(1, sum(n.op_type == 'Relu' for n in graph.node))
-pathlib.Path(linux(job['result'])).write_text(json.dumps(
-    {'ok': True, 'ort_version': '1.17.3', 'session_ms': 1.0, 'warmup_ms': [ms] * job['warmup'],
-     'run_ms': [ms] * max(1, job['runs']), 'outputs': outs}))
-"""
+# 5 ms per Relu node: the optimized model, one Relu fewer, takes half as long.
+TIMED_RELU = fake_dml_host.echo("5.0 * max(1, sum(n.op_type == 'Relu' for n in graph.node))", relu=True)
 
 
-def test_optimize_times_before_and_after_on_a_gpu_host(cli, tmp_path, monkeypatch):
+def test_optimize_times_before_and_after_on_a_gpu_host(cli, fake, tmp_path):
     """Issue 30, item 5: with the host on a GPU, optimize re-times there (each model in its own host process)
     instead of "DmlExecutionProvider ... is not on this machine"."""
     import onnx
     from onnx import TensorProto, helper
 
-    respond = f"import sys\nprint({NVIDIA!r}, file=sys.stderr)\n" + TIMED_ECHO
-    root, path = fake_dml_host.make(tmp_path, respond)
-    monkeypatch.setenv("PATH", path)
-    monkeypatch.delenv(host.TIMEOUT_VAR, raising=False)
+    root = fake(saying(NVIDIA, TIMED_RELU))
     # Relu(Relu(x)): cleanup leaves one Relu, so the output differs from the input model (timed: 10 ms -> 5 ms)
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
@@ -139,11 +111,8 @@ def test_optimize_times_before_and_after_on_a_gpu_host(cli, tmp_path, monkeypatc
     assert report.get("not_timed") in (None, "")
 
 
-def test_a_software_host_is_never_timed_by_optimize(cli, tmp_path, monkeypatch):
-    respond = f"import sys\nprint({LAVAPIPE!r}, file=sys.stderr)\n" + TIMED_ECHO
-    root, path = fake_dml_host.make(tmp_path, respond)
-    monkeypatch.setenv("PATH", path)
-    monkeypatch.delenv(host.TIMEOUT_VAR, raising=False)
+def test_a_software_host_is_never_timed_by_optimize(cli, fake, tmp_path):
+    root = fake(saying(LAVAPIPE))
     m = identity_model(tmp_path / "m.onnx")
     r = cli("optimize", m, "-o", tmp_path / "out.onnx", "--target", "dml", "--dml-host", root,
             "--ort-version", fake_dml_host.VERSION, "--json", "-q")
