@@ -58,26 +58,24 @@ class SafeNames:
         functions = {}
         for key, function in list(model.functions.items()):
             functions[key] = self._new("f", function.name)
-        for graph in model.graphs():
-            for v in list(graph.inputs) + list(graph.initializers.values()):
-                value(v)
-            for node in graph:
+        def nodes(body) -> None:
+            for node in body:
                 for out in node.outputs:
                     value(out)
                 node.name = self._new("n", node.name)
                 if node.op_identifier() in functions:
                     node.op_type = functions[node.op_identifier()]
+
+        for graph in model.graphs():
+            for v in list(graph.inputs) + list(graph.initializers.values()):
+                value(v)
+            nodes(graph)
             for v in graph.outputs:
                 value(v)
         for key, function in list(model.functions.items()):
             for v in function.inputs:
                 value(v)
-            for node in function:
-                for out in node.outputs:
-                    value(out)
-                node.name = self._new("n", node.name)
-                if node.op_identifier() in functions:
-                    node.op_type = functions[node.op_identifier()]
+            nodes(function)
             function.name = functions[key]
         if functions:  # the dict is keyed by (domain, name, overload): rebuild it under the new names
             renamed = {f.identifier(): f for f in model.functions.values()}
