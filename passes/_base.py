@@ -24,6 +24,7 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt import shape_inference
+from dmlopt.passes import _opset
 from dmlopt.passes._options import Option, OptionStore, PassOptions
 from dmlopt.target import DEFAULT_TARGET, Target
 
@@ -157,9 +158,13 @@ class DmlPass(ir.passes.InPlacePass):
             return ir.passes.PassResult(model, False)
         self.prepare(model, sites)
         before = self.measure(model)
-        backup = model.clone() if before is not None else None
+        refused_before = _opset.model_refusals(model)
+        backup = model.clone()
         modified = self.rewrite(model)
-        if modified and backup is not None:
+        if modified and self._writes_what_opset_lacks(model, refused_before):
+            restore(model, backup)
+            return ir.passes.PassResult(model, False)
+        if modified and before is not None:
             after = self.measure(model)
             why = self.worse(before, after)
             if why:
@@ -170,6 +175,21 @@ class DmlPass(ir.passes.InPlacePass):
             if self.measured:
                 self.note(f"{self.measured}: {before} -> {after}")
         return ir.passes.PassResult(model, bool(modified))
+
+    def _writes_what_opset_lacks(self, model: ir.Model, refused_before: Mapping[int, str]) -> bool:
+        """Whether the rewrite left a node the model's opset does not have in that form (passes/_opset.py)
+        that the input did not have: then each such node is a declined site and the pass is undone."""
+        known = set(refused_before.values())
+        wrong = [(node, reason) for node, opsets in _opset.nodes_with_opsets(model)
+                 if (reason := _opset.form_refusal(node, opsets)) and reason not in known
+                 and refused_before.get(id(node)) != reason]
+        if not wrong:
+            return False
+        self.sites = [s for s in self.sites if s.action != "rewrote"]
+        for node, reason in wrong:
+            self.declined(node, f"not written: {reason}")
+        self.note(f"undone: the rewrite writes what the model's opset does not have ({wrong[0][1]})")
+        return True
 
     def find_sites(self, model: ir.Model) -> Sequence[ir.Node] | None:
         """The nodes this pass may rewrite (none: `call` leaves the model as it is), or None: the whole graph."""
@@ -220,6 +240,12 @@ class DmlPass(ir.passes.InPlacePass):
     def kept(self, node: ir.Node | str, reason: str, **extra: Any) -> None:
         self._log(node, "kept", reason, extra)
 
+    def withdraw(self, count: int) -> None:
+        """Forget the "rewrote" entries logged after the first `count` sites (a rewrite not written after all)."""
+        for site in self.sites[count:]:
+            self._seen.discard((site.node, site.action, site.detail))
+        self.sites[count:] = [s for s in self.sites[count:] if s.action != "rewrote"]
+
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
@@ -258,10 +284,48 @@ class SiteRule(pattern.RewriteRuleClassBase):
 
 
 def apply_rules(model: ir.Model, rules: Sequence[pattern.RewriteRule]) -> int:
-    """Apply rewrite rules to the model (main graph, subgraphs, functions); count rewrites."""
-    rule_set = pattern.RewriteRuleSet(list(rules))
+    """Apply rewrite rules to the model (main graph, subgraphs, functions); count rewrites.
+    A replacement the model's opset does not have is not written (`OpsetGate`)."""
+    rule_set = pattern.RewriteRuleSet([OpsetGate(rule, _owner_of(rule)) for rule in rules])
     with empty_inputs_kept(model):  # a rule with remove_nodes=False makes it end with RemoveUnusedNodesPass
         return rule_set.apply_to_model(model)
+
+
+def _owner_of(rule) -> "DmlPass | None":
+    """The pass a rule logs its sites to: a `SiteRule`'s owner (`SiteRule.rule(owner)` keeps the
+    instance only as the bound methods of the RewriteRule it makes)."""
+    instance = getattr(getattr(rule, "graph_pre_visitor", None), "__self__", rule)
+    owner = getattr(instance, "owner", None)
+    return owner if isinstance(owner, DmlPass) else None
+
+
+class OpsetGate:
+    """A rewrite rule whose replacement is written only when every new node exists in that form at
+    the opset it is read at (passes/_opset.py); otherwise the site is declined with the reason, in
+    `owner`'s site log (its "rewrote" entry for the site, if the rule logged one, withdrawn)."""
+
+    def __init__(self, rule, owner: "DmlPass | None"):
+        self._rule, self._owner = rule, owner
+
+    def __getattr__(self, name):
+        return getattr(self._rule, name)
+
+    def commute(self):
+        return [OpsetGate(r, self._owner) for r in self._rule.commute()]
+
+    def try_rewrite(self, model, graph_or_function, node, **kw):
+        logged = len(self._owner.sites) if self._owner is not None else 0
+        opsets = {**model.opset_imports, **graph_or_function.opset_imports}
+        delta = self._rule.try_rewrite(model, graph_or_function, node, **kw)
+        if delta is None:
+            return None
+        reason = _opset.first_refusal(delta.new_nodes, opsets)
+        if reason is None:
+            return delta
+        if self._owner is not None:
+            self._owner.withdraw(logged)
+            self._owner.declined(node, f"replacement not written: {reason}")
+        return None
 
 
 def remove_unused_nodes(model: ir.Model) -> bool:

@@ -22,6 +22,9 @@ Cases:
      (Flatten2Reshape: ``{x}/shape``), and its RewritePass then replaces the registered one, so
      two Flattens of one tensor (DETR's encoder and decoder, legacy export) left the first Reshape
      reading an unregistered value: an invalid model.
+  7. onnxscript's rules write the forms of the newest opset (Unsqueeze with an axes input, from
+     opset 13): a rule's replacement that the model's opset does not have is not written
+     (passes/_opset.py), and the site is logged as declined with the reason.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from onnxscript.rewriter.rules import common as common_rules
 from onnxscript.optimizer import _constant_folding as constant_folding
 
 from dmlopt.model import initializer_bytes
-from dmlopt.passes._base import DmlPass, remove_unused_nodes, restore
+from dmlopt.passes._base import DmlPass, OpsetGate, remove_unused_nodes, restore
 from dmlopt.shape_inference import check_function_expansion, fold_refusal
 
 MAX_GROWTH = 0.01
@@ -60,7 +63,7 @@ class CleanupPass(DmlPass):
             check_function_expansion(model)
         for limit in OUTPUT_LIMITS:
             backup = model.clone()
-            optimizer_passes(limit, self._size_guard(limit))(model)
+            optimizer_passes(limit, self._size_guard(limit), owner=self)(model)
             after_bytes = initializer_bytes(model)
             if after_bytes <= budget:
                 if limit != OUTPUT_LIMITS[0]:
@@ -90,13 +93,15 @@ class CleanupPass(DmlPass):
         return should_fold
 
 
-def optimizer_passes(output_limit: int, should_fold: Callable[[ir.Node], bool | None]) -> ir.passes.Sequential:
-    """``onnxscript.optimizer.optimize_ir``'s passes (2 iterations), without OutputFixPass (case 3)."""
+def optimizer_passes(output_limit: int, should_fold: Callable[[ir.Node], bool | None],
+                     owner: DmlPass | None = None) -> ir.passes.Sequential:
+    """``onnxscript.optimizer.optimize_ir``'s passes (2 iterations), without OutputFixPass (case 3);
+    a rule's replacement the model's opset does not have is declined in `owner`'s log (case 7)."""
     folding = ir.passes.PassManager([
         constant_folding.FoldConstantsPass(shape_inference=True,
                                            input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
                                            output_size_limit=output_limit, should_fold=should_fold),
-        rewriter.RewritePass(default_rules()),
+        rewriter.RewritePass([OpsetGate(rule, owner) for rule in default_rules()]),
         common_passes.RemoveUnusedNodesPass(),
         common_passes.RemoveUnusedFunctionsPass(),
         common_passes.RemoveUnusedOpsetsPass(),
