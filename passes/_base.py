@@ -164,6 +164,8 @@ class DmlPass(ir.passes.InPlacePass):
         if modified and self._writes_what_opset_lacks(model, refused_before):
             restore(model, backup)
             return ir.passes.PassResult(model, False)
+        if modified:
+            initializers_as_inputs_before_ir4(model)
         if modified and before is not None:
             after = self.measure(model)
             why = self.worse(before, after)
@@ -388,6 +390,21 @@ def fresh_names(model: ir.Model):
         return name
 
     return fresh
+
+
+# IR version 4 made initializers that are not graph inputs legal; before it, every one must be.
+IR_INITIALIZERS_WITHOUT_INPUTS = 4
+
+
+def initializers_as_inputs_before_ir4(model: ir.Model) -> None:
+    """An IR-3 model's new initializers listed as graph inputs too, as IR 3 requires ("in initializer
+    but not in graph input" otherwise); every pass's folding and new weights go through it."""
+    if model.ir_version >= IR_INITIALIZERS_WITHOUT_INPUTS:
+        return
+    listed = set(model.graph.inputs)
+    for value in model.graph.initializers.values():
+        if value not in listed:
+            model.graph.inputs.append(value)
 
 
 def restore(model: ir.Model, backup: ir.Model) -> None:

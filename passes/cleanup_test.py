@@ -145,3 +145,28 @@ def test_a_failing_optimizer_leaves_the_model_as_it_was(monkeypatch):
     assert not p(model).modified
     assert [n.op_type for n in model.graph] == ["SplitToSequence"]
     assert any("onnxscript's optimizer failed (PassError: inside onnx_ir)" in n for n in p.notes)
+
+
+def ir3_model():
+    """An IR-3 export (PyTorch's oldest): every initializer is a graph input too, as IR 3 requires;
+    its Constant nodes become initializers in cleanup (test_PixelShuffle, test_operator_view)."""
+    a = numpy_helper.from_array(np.full((2,), 2.0, np.float32), "a")
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(np.full((2,), 3.0, np.float32))),
+         helper.make_node("Add", ["x", "a"], ["xa"]), helper.make_node("Mul", ["xa", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("a", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [a])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 7)], ir_version=3)
+
+
+def test_folds_into_an_ir3_model_are_graph_inputs_too():
+    import onnxruntime as ort
+
+    onnx.checker.check_model(ir3_model())
+    model = dmlopt.load(ir3_model())
+    assert CleanupPass()(model).modified
+    proto = ir.serde.serialize_model(model)
+    onnx.checker.check_model(proto)  # "in initializer but not in graph input" before the fix
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": np.ones(2, np.float32)})[0], [9.0, 9.0])
