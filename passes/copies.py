@@ -41,7 +41,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
-from onnxscript import optimizer
+from dmlopt.passes._folding import fold_constants
 from onnxscript.rewriter import pattern
 
 from dmlopt.targets.dml import placement
@@ -312,7 +312,7 @@ class CopiesPass(DmlPass):
         if not constant:
             return False
         names = {n.name for n in constant}
-        optimizer.fold_constants(model, output_size_limit=1024, input_size_limit=1024,
+        fold_constants(model, self, output_size_limit=1024, input_size_limit=1024,
                                  should_fold=sized_folds(1024))  # sized before evaluating
         remove_unused_nodes(model)
         left = {n.name for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "If"}
