@@ -330,6 +330,30 @@ class OpsetGate:
         return None
 
 
+def eliminate_identities(model: ir.Model) -> None:
+    """onnx_ir's IdentityEliminationPass, with every subgraph output still made inside its subgraph.
+
+    onnx_ir 1.1 removes ``Identity(outer)`` that is an If/Loop branch's output, leaving the branch
+    returning a value of the enclosing graph, which onnx's checker rejects ("Graph output ... is
+    not an output of any node in graph": ONNX's expanded AffineGrid).  Such an output gets its
+    Identity back."""
+    common_passes.IdentityEliminationPass()(model)
+    fresh = None
+    for graph in model.graphs():
+        if graph is model.graph:
+            continue
+        for index, value in enumerate(graph.outputs):
+            producer = value.producer()
+            if (producer is not None and producer.graph is graph) or value in graph.inputs:
+                continue
+            fresh = fresh or fresh_names(model)
+            local = ir.node("Identity", [value])
+            local.outputs[0].name = fresh(f"{value.name}_out")
+            local.outputs[0].type, local.outputs[0].shape = value.type, value.shape
+            graph.append(local)
+            graph.outputs[index] = local.outputs[0]
+
+
 def remove_unused_nodes(model: ir.Model) -> bool:
     """onnx_ir's RemoveUnusedNodesPass without its trimming of empty inputs (`empty_inputs_kept`)."""
     with empty_inputs_kept(model):
