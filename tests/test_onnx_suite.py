@@ -24,6 +24,8 @@ FAST_CASES = (
     "test_PixelShuffle", "test_operator_view", "test_operator_flatten",
     # 4. a fold exposing a latent non-conformance; Loop over an optional sequence
     "test_affine_grid_2d_expanded", "test_loop16_seq_none",
+    # 5. float16 validation of a model with a Scan
+    "test_linear_attention_fp16_expanded",
     # 6. ConvTranspose
     "test_convtranspose", "test_convtranspose_1d", "test_convtranspose_3d", "test_convtranspose_dilations",
     "test_convtranspose_autopad_same", "test_convtranspose_kernel_shape", "test_convtranspose_pads",

@@ -43,3 +43,9 @@ def test_a_float16_scan_body_is_rounded_and_runs():
 def test_a_float16_model_with_a_scan_is_validated():
     result = dmlopt.optimize(scan_model(), retime=False)
     assert result.passed and result.report.validation["outputs"][0]["max_abs"] == 0
+
+
+def test_fp16_keeps_a_float16_scan_body_valid():
+    """The fp16 pass cast a body's own float16 value at the top of the main graph (before its producer)."""
+    result = dmlopt.optimize(scan_model(), passes="fp16", fp16=True, retime=False)
+    assert result.passed
