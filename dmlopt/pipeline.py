@@ -416,6 +416,12 @@ def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep
     """Replay the passes one by one, validating after each: the first failure is the culprit.
     `on_ep`: validated on the WebGPU EP (dmlopt.targets.webgpu.validation), where the CPU EP saw none."""
     work = original.clone()
+    try:  # a model whose outputs cannot pass even unchanged (nothing finite to compare): no pass broke it
+        if not on_ep and not run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
+                                            atol=atol, rtol=rtol).passed:
+            return None
+    except DmlOptError:
+        return None
     for cls in pass_classes:
         p = cls(context)
         if not explicit and not p.enabled():

@@ -49,8 +49,6 @@ def _check(outcomes):
 KNOWN_FAILURES = {
     "test_affine_grid_2d_expanded": "a constant-condition If folded by copies' and later passes' folding exposes "
                                     "the [1]-shaped Range input (cleanup and freeze-shapes keep the If)",
-    "test_reduce_max_empty_set": "validation refuses outputs that are all -inf in both models (dmlopt.validate, "
-                                 "issue 31's area) and blames cleanup",
 }
 
 
