@@ -116,3 +116,29 @@ def pass_cases() -> list[tuple[Case, dict]]:
             model = build(opset)
             found.append((model_case(f"{name}_opset{opset}", model, _feeds(model)), options))
     return found
+
+
+def with_constant_inputs(case: Case, names: tuple[str, ...]) -> Case:
+    """ONNX's case with the named inputs (a ConvTranspose's W and B) made initializers of its first data
+    set's values: ONNX feeds the weights, and the conv-transpose pass rewrites only constant ones."""
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    feeds, expected = case.data_sets[0]
+    kept = [i for i in model.graph.input if i.name not in names]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(feeds[n]), n) for n in names if n in feeds)
+    return Case(f"{case.name}_constant_weights", model,
+                [({k: v for k, v in feeds.items() if k not in names}, expected)], case.rtol, case.atol)
+
+
+def conv_transpose_cases() -> list[tuple[Case, dict]]:
+    """Every ConvTranspose case of ONNX's, weights constant, with the sub-pixel rewrite asked for."""
+    from tests.onnx_suite import case_names, load_case
+    found = []
+    for name in case_names(["node"]):
+        if name.startswith("test_convtranspose"):
+            case = load_case(name)
+            node = case.model.graph.node[0]
+            found.append((with_constant_inputs(case, tuple(node.input[1:])), {"conv_transpose": "subpixel"}))
+    return found

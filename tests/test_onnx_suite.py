@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests import onnx_suite
-from tests.pass_cases import OPSETS, pass_cases
+from tests.pass_cases import OPSETS, conv_transpose_cases, pass_cases
 
 FAST_CASES = (
     # 1. the model's opset: Gemm-6 without C, Constant-1 int64, Unsqueeze-11 and Split-11 forms
@@ -68,6 +68,12 @@ def test_pass_case(case, options):
     _check(onnx_suite.run_case(case, ("dml", "cpu"), **options))
 
 
+@pytest.mark.parametrize("case, options", [pytest.param(c, o, id=c.name) for c, o in conv_transpose_cases()])
+def test_conv_transpose_case(case, options):
+    """ONNX's ConvTranspose cases with constant weights: rewritten exactly or declined (README says which)."""
+    _check(onnx_suite.run_case(case, ("dml", "cpu"), **options))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case, options", [pytest.param(c, o, id=c.name) for c, o in _PASS_CASES
                                            if int(c.name.rsplit("opset", 1)[1]) not in _FAST_OPSETS])
@@ -86,6 +92,8 @@ def test_every_onnx_case(kind):
         counts["ort-fails" if outcomes[0].status == onnx_suite.ORT_FAILS
                else "passed" if not onnx_suite.failures(outcomes) else "failed"] += 1
         failed += [f"{name}: {line}" for line in onnx_suite.failures(outcomes)]
+        if sum(counts.values()) % 200 == 0:  # progress in CI's log (-s)
+            print(f"  {kind}: {dict(counts)} after {time.perf_counter() - start:.0f} s", flush=True)
     print(f"\nONNX {kind}: {sum(counts.values())} cases, {counts['passed']} passed, {counts['failed']} failed, "
           f"{counts['ort-fails']} skipped (ORT itself fails them) in {time.perf_counter() - start:.0f} s")
     assert not failed, "\n".join(failed[:40])
