@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+import dmlopt
+
 from tests import onnx_suite
 from tests.pass_cases import OPSETS, conv_transpose_cases, pass_cases
 
@@ -97,3 +99,29 @@ def test_every_onnx_case(kind):
     print(f"\nONNX {kind}: {sum(counts.values())} cases, {counts['passed']} passed, {counts['failed']} failed, "
           f"{counts['ort-fails']} skipped (ORT itself fails them) in {time.perf_counter() - start:.0f} s")
     assert not failed, "\n".join(failed[:40])
+
+
+def _each_pass():
+    from dmlopt.passes import all_passes
+    return list(all_passes())
+
+
+@pytest.mark.parametrize("opset", [o if o in _FAST_OPSETS else pytest.param(o, marks=pytest.mark.slow) for o in OPSETS])
+@pytest.mark.parametrize("pass_name", _each_pass())
+def test_each_pass_alone_at_each_opset(pass_name, opset):
+    """Every registered pass, alone, on every pass case of one opset (7, 11, 13, the newest): the output
+    holds only what that opset has (passes/_opset.py), loads in ORT and keeps the case's results
+    (float16: within float16's rounding)."""
+    from dmlopt.passes._opset import model_refusals
+
+    options = {"fp16": True} if pass_name == "fp16" else {}
+    for case, case_options in _PASS_CASES:
+        if not case.name.endswith(f"opset{opset}"):
+            continue
+        result = dmlopt.optimize(case.model, passes=[pass_name], target="dml", validate=False, retime=False,
+                                 **options, **case_options)
+        assert not model_refusals(result.model), (case.name, model_refusals(result.model))
+        tolerance = dict(rtol=2e-2, atol=2e-2) if pass_name == "fp16" else dict(rtol=case.rtol, atol=case.atol)
+        for feeds, expected in case.data_sets:
+            for got, want in zip(onnx_suite.run_ort(result.model, feeds), expected):
+                assert onnx_suite.matches(got, want, **tolerance), (case.name, pass_name)
