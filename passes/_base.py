@@ -158,10 +158,11 @@ class DmlPass(ir.passes.InPlacePass):
             return ir.passes.PassResult(model, False)
         self.prepare(model, sites)
         before = self.measure(model)
-        refused_before = _opset.model_refusals(model)
+        nodes_before = {node for node, _ in _opset.nodes_with_opsets(model)}  # held: no id is reused
+        opsets_before = dict(model.opset_imports)
         backup = model.clone()
         modified = self.rewrite(model)
-        if modified and self._writes_what_opset_lacks(model, refused_before):
+        if modified and self._writes_what_opset_lacks(model, backup, nodes_before, opsets_before):
             restore(model, backup)
             return ir.passes.PassResult(model, False)
         if modified:
@@ -178,13 +179,17 @@ class DmlPass(ir.passes.InPlacePass):
                 self.note(f"{self.measured}: {before} -> {after}")
         return ir.passes.PassResult(model, bool(modified))
 
-    def _writes_what_opset_lacks(self, model: ir.Model, refused_before: Mapping[int, str]) -> bool:
+    def _writes_what_opset_lacks(self, model: ir.Model, backup: ir.Model, nodes_before: set[ir.Node],
+                                 opsets_before: Mapping[str, int]) -> bool:
         """Whether the rewrite left a node the model's opset does not have in that form (passes/_opset.py)
-        that the input did not have: then each such node is a declined site and the pass is undone."""
-        known = set(refused_before.values())
+        that the input did not have: then each such node is a declined site and the pass is undone.
+        Only new nodes are checked, every node where the pass changed the opset imports."""
+        every = dict(model.opset_imports) != dict(opsets_before)
         wrong = [(node, reason) for node, opsets in _opset.nodes_with_opsets(model)
-                 if (reason := _opset.form_refusal(node, opsets)) and reason not in known
-                 and refused_before.get(id(node)) != reason]
+                 if (every or node not in nodes_before) and (reason := _opset.form_refusal(node, opsets))]
+        if wrong:
+            known = set(_opset.model_refusals(backup).values())  # forms the input itself has are not the pass's
+            wrong = [(node, reason) for node, reason in wrong if reason not in known]
         if not wrong:
             return False
         self.sites = [s for s in self.sites if s.action != "rewrote"]

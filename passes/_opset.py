@@ -20,6 +20,7 @@ writes (nodes built directly, folding) leave a node that fails it.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Mapping
 
 import onnx
@@ -28,11 +29,35 @@ import onnx_ir as ir
 ONNX_DOMAINS = ("", "ai.onnx")
 
 
+@functools.lru_cache(maxsize=4096)
 def _schema(op_type: str, domain: str, opset: int):
     try:
         return onnx.defs.get_schema(op_type, opset, "" if domain in ONNX_DOMAINS else domain)
     except onnx.defs.SchemaError:
         return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _known(op_type: str, domain: str) -> bool:
+    return onnx.defs.has(op_type, domain)
+
+
+@functools.lru_cache(maxsize=4096)
+def _facts(op_type: str, domain: str, opset: int):
+    """What the check reads of a schema, read once per (op, domain, opset): onnx builds the
+    Python lists of a schema's inputs, attributes and constraints anew on every access."""
+    schema = _schema(op_type, domain, opset)
+    if schema is None:
+        return None
+    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    return dict(
+        since=schema.since_version, broadcast="broadcast" in schema.attributes,
+        min_input=schema.min_input, max_input=schema.max_input,
+        inputs=[(f.name, f.type_str, f.option == optional) for f in schema.inputs],
+        outputs=[(f.name, f.type_str, f.option == optional) for f in schema.outputs],
+        attributes=frozenset(schema.attributes),
+        required=sorted(name for name, a in schema.attributes.items() if a.required),
+        allowed={c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints})
 
 
 def _type_string(value: ir.Value | None, fallback: ir.TypeProtocol | None = None) -> str | None:
@@ -56,45 +81,43 @@ def form_refusal(node: ir.Node, opsets: Mapping[str, int]) -> str | None:
     import are not judged here."""
     opset = opset_of(node, opsets)
     domain = "" if node.domain in ONNX_DOMAINS else node.domain
-    if opset is None or not onnx.defs.has(node.op_type, domain):
+    if opset is None or not _known(node.op_type, domain):
         return None
     where = f"{node.op_type} at {'ai.onnx' if not domain else domain} opset {opset}"
-    schema = _schema(node.op_type, domain, opset)
-    if schema is None:
+    facts = _facts(node.op_type, domain, opset)
+    if facts is None:
         first = min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
                     if s.name == node.op_type and s.domain == domain)
         return f"{node.op_type} does not exist at {'ai.onnx' if not domain else domain} opset {opset} (from opset {first})"
-    if "broadcast" in schema.attributes:
-        return f"{where} is {node.op_type}-{schema.since_version}, which broadcasts only with its legacy 'broadcast' " \
+    versioned = f"{where} ({node.op_type}-{facts['since']})"
+    if facts["broadcast"]:
+        return f"{where} is {node.op_type}-{facts['since']}, which broadcasts only with its legacy 'broadcast' " \
                "attribute and which ONNX Runtime has no kernel for (needs opset 7)"
     inputs = list(node.inputs)
     while inputs and inputs[-1] is None:
         inputs.pop()
-    if not schema.min_input <= len(inputs) <= schema.max_input:
-        return f"{where} ({node.op_type}-{schema.since_version}) takes {schema.min_input}-{schema.max_input} " \
-               f"inputs, not {len(inputs)}"
-    formals = list(schema.inputs)
-    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    if not facts["min_input"] <= len(inputs) <= facts["max_input"]:
+        return f"{versioned} takes {facts['min_input']}-{facts['max_input']} inputs, not {len(inputs)}"
+    formals = facts["inputs"]
     for index, value in enumerate(inputs):
-        formal = formals[min(index, len(formals) - 1)] if formals else None
-        if value is None and formal is not None and formal.option != optional:
-            return f"{where} ({node.op_type}-{schema.since_version}) needs input '{formal.name}'"
-    unknown = sorted(set(node.attributes) - set(schema.attributes))
+        if value is None and formals and not formals[min(index, len(formals) - 1)][2]:
+            return f"{versioned} needs input '{formals[min(index, len(formals) - 1)][0]}'"
+    unknown = sorted(set(node.attributes) - facts["attributes"])
     if unknown:
-        return f"{where} ({node.op_type}-{schema.since_version}) has no attribute {', '.join(unknown)}"
-    missing = sorted(name for name, a in schema.attributes.items() if a.required and name not in node.attributes)
+        return f"{versioned} has no attribute {', '.join(unknown)}"
+    missing = [name for name in facts["required"] if name not in node.attributes]
     if missing:
-        return f"{where} ({node.op_type}-{schema.since_version}) needs attribute {', '.join(missing)}"
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    for formals_, values, fallback in ((schema.inputs, inputs, None),
-                                       (schema.outputs, list(node.outputs), _constant_type(node))):
+        return f"{versioned} needs attribute {', '.join(missing)}"
+    allowed = facts["allowed"]
+    for formals_, values, fallback in ((facts["inputs"], inputs, None),
+                                       (facts["outputs"], list(node.outputs), _constant_type(node))):
         for index, value in enumerate(values):
             if not formals_:
                 break
-            formal = formals_[min(index, len(formals_) - 1)]
+            name, type_str, _ = formals_[min(index, len(formals_) - 1)]
             found = _type_string(value, fallback)
-            if found is not None and formal.type_str in allowed and found not in allowed[formal.type_str]:
-                return f"{where} ({node.op_type}-{schema.since_version}) takes no {found} for '{formal.name}'"
+            if found is not None and type_str in allowed and found not in allowed[type_str]:
+                return f"{versioned} takes no {found} for '{name}'"
     return None
 
 
