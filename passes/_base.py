@@ -335,28 +335,25 @@ class OpsetGate:
         return None
 
 
-def eliminate_identities(model: ir.Model) -> None:
-    """onnx_ir's IdentityEliminationPass, with every subgraph output still made inside its subgraph.
+class _IdentityElimination(common_passes.IdentityEliminationPass):
+    """onnx_ir's IdentityEliminationPass, keeping an Identity that makes a graph's output from a value
+    of another graph (an If/Loop branch returning an outer value): onnx_ir 1.1 removed it, leaving
+    the branch's output made outside it ("Graph output ... is not an output of any node in graph":
+    ONNX's expanded AffineGrid) or, with two branches, raised ("already an output of a different graph")."""
 
-    onnx_ir 1.1 removes ``Identity(outer)`` that is an If/Loop branch's output, leaving the branch
-    returning a value of the enclosing graph, which onnx's checker rejects ("Graph output ... is
-    not an output of any node in graph": ONNX's expanded AffineGrid).  Such an output gets its
-    Identity back."""
-    common_passes.IdentityEliminationPass()(model)
-    fresh = None
-    for graph in model.graphs():
-        if graph is model.graph:
-            continue
-        for index, value in enumerate(graph.outputs):
-            producer = value.producer()
-            if (producer is not None and producer.graph is graph) or value in graph.inputs:
-                continue
-            fresh = fresh or fresh_names(model)
-            local = ir.node("Identity", [value])
-            local.outputs[0].name = fresh(f"{value.name}_out")
-            local.outputs[0].type, local.outputs[0].shape = value.type, value.shape
-            graph.append(local)
-            graph.outputs[index] = local.outputs[0]
+    def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
+        source = node.inputs[0] if len(node.inputs) == 1 else None
+        if node.op_type == "Identity" and node.domain == "" and source is not None and len(node.outputs) == 1 \
+                and node.outputs[0].is_graph_output() \
+                and (source.producer() is None or source.producer().graph is not node.graph) \
+                and not (source.is_graph_input() or source.is_initializer()):
+            return False  # an outer value: the Identity is what makes it this graph's output
+        return super()._try_eliminate_identity_node(node)
+
+
+def eliminate_identities(model: ir.Model) -> bool:
+    """Identity nodes removed (onnx_ir's pass), each graph's outputs still made in that graph."""
+    return _IdentityElimination()(model).modified
 
 
 def remove_unused_nodes(model: ir.Model) -> bool:

@@ -116,3 +116,24 @@ def test_transpose_pass_writes_what_the_opset_has(opset):
     TransposePass(PassContext(target="dml"))(model)
     assert not model_refusals(model)
     _loads(model)
+
+
+@pytest.mark.parametrize("source", ["x", "r"])
+def test_identity_elimination_keeps_branch_outputs_inside_their_branch(source):
+    """An If branch returning an outer value through Identity keeps it (ONNX's expanded AffineGrid)."""
+    from dmlopt.graph_check import check_model
+    from dmlopt.passes._base import eliminate_identities
+
+    def branch(name):
+        return helper.make_graph([helper.make_node("Identity", [source], [f"{name}_y"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=branch("then"), else_branch=branch("else"))], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = dmlopt.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    eliminate_identities(model)
+    check_model(model, "identity elimination")
+    _loads(model)
