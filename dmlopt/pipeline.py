@@ -22,7 +22,7 @@ from dmlopt import bench, fp16_repair, runtime, session_config
 from dmlopt import report as report_mod
 from dmlopt import tune as tuning
 from dmlopt.progress import ticking
-from dmlopt.errors import CheckFailed, DmlOptError, UsageError
+from dmlopt.errors import TEXT_WIDTH, CheckFailed, DmlOptError, InputError, UsageError, printable
 from dmlopt.graph_capture import graph_capture_readiness, with_measured_placement
 from dmlopt.targets.dml import placement
 from dmlopt.graph_check import PassBroke, check_model, op_counts
@@ -117,6 +117,15 @@ def _as_given(options: Mapping[str, Any], store: OptionStore) -> dict[str, Any]:
     return {name: converted[name] for name in options if name in converted}
 
 
+def check_validatable(model: ir.Model) -> None:
+    """Validation feeds tensors: a sequence or optional input is refused before any pass runs, with
+    the remedy (before, the refusal named none, and a given list crashed as an array)."""
+    for value in input_sizes.runtime_inputs(model):
+        if value.type is not None and not isinstance(value.type, ir.TensorType):
+            raise InputError(f"input '{printable(value.name, TEXT_WIDTH)}' is a {value.type}: validation feeds "
+                             "tensors only; optimize without it with --no-validate (validate=False)")
+
+
 def _strict_clean(model: ir.Model) -> bool:
     try:
         check_model(model, "input", strict=True)
@@ -179,6 +188,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     check_input(original)
     if shapes or dims:
         check_shapes(original, shapes, dims)
+    if validate:
+        check_validatable(original)
     if validate and inputs is None:
         runtime.input_specs(original, shapes, dims)  # dims nothing sizes are refused before any pass runs
     store = check_options(options)
@@ -434,6 +445,12 @@ def _bisect(original, pass_classes, context, explicit, inputs, atol, rtol, on_ep
     A pass that changed nothing is never blamed (nor any pass when none changed the model).
     `on_ep`: validated on the WebGPU EP (dmlopt.targets.webgpu.validation), where the CPU EP saw none."""
     work = original.clone()
+    try:  # a model whose outputs cannot pass even unchanged (nothing finite to compare): no pass broke it
+        if not on_ep and not run_validation(original, work, shapes=context.shapes, dims=context.dims, inputs=inputs,
+                                            atol=atol, rtol=rtol).passed:
+            return None
+    except DmlOptError:
+        return None
     for cls in pass_classes:
         p = cls(context)
         if not explicit and not p.enabled():

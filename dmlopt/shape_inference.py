@@ -292,7 +292,26 @@ def onnx_shape_inference(model: ir.Model, *, strict: bool = False) -> None:
     with data propagation only where it stays bounded (`data_propagation_allowed`).  Every
     route to onnx's whole-model inference goes through here or `infer_shapes`."""
     check_function_expansion(model)
+    if _has_non_tensors(model):  # onnx_ir 1.1 types an inferred sequence or optional as its element's tensor
+        infer_shapes(model)
+        return
     common_passes.ShapeInferencePass(strict_mode=strict, data_prop=data_propagation_allowed(model))(model)
+
+
+# Ops that make sequences or optionals: a value they make is typed by onnx as no tensor.
+NON_TENSOR_OPS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase", "SequenceAt",
+                            "SplitToSequence", "SequenceMap", "Optional", "OptionalGetElement", "OptionalHasElement"})
+
+
+def _has_non_tensors(model: ir.Model) -> bool:
+    """Whether a value of `model` may be a sequence or an optional (a graph's input or output, or an op's)."""
+    for graph in model.graphs():
+        for value in (*graph.inputs, *graph.outputs):
+            if value.type is not None and not isinstance(value.type, ir.TensorType):
+                return True
+        if any(node.op_type in NON_TENSOR_OPS and node.domain in ("", "ai.onnx") for node in graph):
+            return True
+    return False
 
 
 def folded_elements(node: ir.Node, opset: int | None = None, const=None) -> list[int] | None:

@@ -307,25 +307,63 @@ def with_float16_rounding(model: ir.Model) -> ir.Model:
     model = model.clone()
     infer_shapes(model)  # every float16 value typed (a saved model keeps no value_info); best effort
     _type_contrib_outputs(model)
-    graph = model.graph
-    taken = {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
-    taken |= {n.name for n in graph}
+    taken = set()
+    for graph in model.graphs():
+        taken |= {v.name for v in (*graph.inputs, *graph.initializers.values(), *(o for n in graph for o in n.outputs))}
+        taken |= {n.name for n in graph}
     fresh = functools.partial(numbered_name, taken)
-    for value in graph.initializers.values():  # a loaded initializer may carry its type on the tensor only
-        if value.const_value is not None and (value.dtype or value.const_value.dtype) == HALF:
-            value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
-            value.type = ir.TensorType(FULL)
+    for graph in model.graphs():
+        for value in graph.initializers.values():  # a loaded initializer may carry its type on the tensor only
+            if value.const_value is not None and (value.dtype or value.const_value.dtype) == HALF:
+                value.const_value = ir.tensor(value.const_value.numpy().astype(np.float32), name=value.name)
+                value.type = ir.TensorType(FULL)
+    _round_graph(model.graph, fresh)
+    return model
+
+
+def _round_graph(graph: ir.Graph, fresh) -> None:
+    """`with_float16_rounding` for one graph, its subgraphs (If/Loop/Scan bodies) first: each keeps
+    its float16 inputs and outputs, so a node with a body reads and makes float16 values as before,
+    cast from and to the float32 around it (ORT's type inference refused a body left in float16)."""
+    half_inputs = {node: [i for i, v in enumerate(node.inputs) if v is not None and v.dtype == HALF]
+                   for node in graph if _bodies(node)}  # before the rounding makes them float32
     for value in list(graph.inputs):
-        if value.dtype == HALF and value.name not in graph.initializers:
+        if value.dtype == HALF and value.name not in graph.initializers and len(graph):
             _insert_after(graph, value, None, [FULL], fresh)
     for node in list(graph):
         _to_float32_attributes(node)
+        bodies = _bodies(node)
+        if bodies:
+            for sub in bodies:
+                _round_graph(sub, fresh)
+            for value in node.outputs:
+                if value.dtype == HALF:
+                    _keep_output_float16(graph, value, _insert_after(graph, value, node, [FULL], fresh), fresh)
+            _half_inputs_after(graph, node, half_inputs[node], fresh)
+            continue
         for value in node.outputs:
             if value.dtype == HALF:
                 value.type = ir.TensorType(FULL)
                 rounded = _insert_after(graph, value, node, [HALF, FULL], fresh)
                 _keep_output_float16(graph, value, rounded, fresh)
-    return model
+
+
+def _bodies(node: ir.Node) -> list[ir.Graph]:
+    return [g for a in node.attributes.values() if a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for g in (a.as_graphs() if a.type == ir.AttributeType.GRAPHS else [a.as_graph()])]
+
+
+def _half_inputs_after(graph: ir.Graph, node: ir.Node, indices: list[int], fresh) -> None:
+    """Give `node` its float16 inputs (at `indices`) again when the rounding made them float32."""
+    for index in indices:
+        value = node.inputs[index]
+        if value is None or value.dtype != FULL:
+            continue
+        cast = ir.Node("", "Cast", [value], [ir.AttrInt64("to", HALF.value)], name=fresh(f"{value.name}__half"))
+        out = cast.outputs[0]
+        out.name, out.type, out.shape = fresh(f"{value.name}__h"), ir.TensorType(HALF), value.shape
+        graph.insert_before(node, cast)
+        node.replace_input_with(index, out)
 
 
 # com.microsoft ops whose every output has input 0's element type (ORT's contrib schemas).

@@ -24,6 +24,7 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt import shape_inference
+from dmlopt.passes import _opset
 from dmlopt.passes._options import Option, OptionStore, PassOptions
 from dmlopt.target import DEFAULT_TARGET, Target
 
@@ -157,9 +158,16 @@ class DmlPass(ir.passes.InPlacePass):
             return ir.passes.PassResult(model, False)
         self.prepare(model, sites)
         before = self.measure(model)
-        backup = model.clone() if before is not None else None
+        nodes_before = {node for node, _ in _opset.nodes_with_opsets(model)}  # held: no id is reused
+        opsets_before = dict(model.opset_imports)
+        backup = model.clone()
         modified = self.rewrite(model)
-        if modified and backup is not None:
+        if modified and self._writes_what_opset_lacks(model, backup, nodes_before, opsets_before):
+            restore(model, backup)
+            return ir.passes.PassResult(model, False)
+        if modified:
+            initializers_as_inputs_before_ir4(model)
+        if modified and before is not None:
             after = self.measure(model)
             why = self.worse(before, after)
             if why:
@@ -170,6 +178,25 @@ class DmlPass(ir.passes.InPlacePass):
             if self.measured:
                 self.note(f"{self.measured}: {before} -> {after}")
         return ir.passes.PassResult(model, bool(modified))
+
+    def _writes_what_opset_lacks(self, model: ir.Model, backup: ir.Model, nodes_before: set[ir.Node],
+                                 opsets_before: Mapping[str, int]) -> bool:
+        """Whether the rewrite left a node the model's opset does not have in that form (passes/_opset.py)
+        that the input did not have: then each such node is a declined site and the pass is undone.
+        Only new nodes are checked, every node where the pass changed the opset imports."""
+        every = dict(model.opset_imports) != dict(opsets_before)
+        wrong = [(node, reason) for node, opsets in _opset.nodes_with_opsets(model)
+                 if (every or node not in nodes_before) and (reason := _opset.form_refusal(node, opsets))]
+        if wrong:
+            known = set(_opset.model_refusals(backup).values())  # forms the input itself has are not the pass's
+            wrong = [(node, reason) for node, reason in wrong if reason not in known]
+        if not wrong:
+            return False
+        self.sites = [s for s in self.sites if s.action != "rewrote"]
+        for node, reason in wrong:
+            self.declined(node, f"not written: {reason}")
+        self.note(f"undone: the rewrite writes what the model's opset does not have ({wrong[0][1]})")
+        return True
 
     def find_sites(self, model: ir.Model) -> Sequence[ir.Node] | None:
         """The nodes this pass may rewrite (none: `call` leaves the model as it is), or None: the whole graph."""
@@ -220,6 +247,12 @@ class DmlPass(ir.passes.InPlacePass):
     def kept(self, node: ir.Node | str, reason: str, **extra: Any) -> None:
         self._log(node, "kept", reason, extra)
 
+    def withdraw(self, count: int) -> None:
+        """Forget the "rewrote" entries logged after the first `count` sites (a rewrite not written after all)."""
+        for site in self.sites[count:]:
+            self._seen.discard((site.node, site.action, site.detail))
+        self.sites[count:] = [s for s in self.sites[count:] if s.action != "rewrote"]
+
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
@@ -258,10 +291,69 @@ class SiteRule(pattern.RewriteRuleClassBase):
 
 
 def apply_rules(model: ir.Model, rules: Sequence[pattern.RewriteRule]) -> int:
-    """Apply rewrite rules to the model (main graph, subgraphs, functions); count rewrites."""
-    rule_set = pattern.RewriteRuleSet(list(rules))
+    """Apply rewrite rules to the model (main graph, subgraphs, functions); count rewrites.
+    A replacement the model's opset does not have is not written (`OpsetGate`)."""
+    rule_set = pattern.RewriteRuleSet([OpsetGate(rule, _owner_of(rule)) for rule in rules])
     with empty_inputs_kept(model):  # a rule with remove_nodes=False makes it end with RemoveUnusedNodesPass
         return rule_set.apply_to_model(model)
+
+
+def _owner_of(rule) -> "DmlPass | None":
+    """The pass a rule logs its sites to: a `SiteRule`'s owner (`SiteRule.rule(owner)` keeps the
+    instance only as the bound methods of the RewriteRule it makes)."""
+    instance = getattr(getattr(rule, "graph_pre_visitor", None), "__self__", rule)
+    owner = getattr(instance, "owner", None)
+    return owner if isinstance(owner, DmlPass) else None
+
+
+class OpsetGate:
+    """A rewrite rule whose replacement is written only when every new node exists in that form at
+    the opset it is read at (passes/_opset.py); otherwise the site is declined with the reason, in
+    `owner`'s site log (its "rewrote" entry for the site, if the rule logged one, withdrawn)."""
+
+    def __init__(self, rule, owner: "DmlPass | None"):
+        self._rule, self._owner = rule, owner
+
+    def __getattr__(self, name):
+        return getattr(self._rule, name)
+
+    def commute(self):
+        return [OpsetGate(r, self._owner) for r in self._rule.commute()]
+
+    def try_rewrite(self, model, graph_or_function, node, **kw):
+        logged = len(self._owner.sites) if self._owner is not None else 0
+        opsets = {**model.opset_imports, **graph_or_function.opset_imports}
+        delta = self._rule.try_rewrite(model, graph_or_function, node, **kw)
+        if delta is None:
+            return None
+        reason = _opset.first_refusal(delta.new_nodes, opsets)
+        if reason is None:
+            return delta
+        if self._owner is not None:
+            self._owner.withdraw(logged)
+            self._owner.declined(node, f"replacement not written: {reason}")
+        return None
+
+
+class _IdentityElimination(common_passes.IdentityEliminationPass):
+    """onnx_ir's IdentityEliminationPass, keeping an Identity that makes a graph's output from a value
+    of another graph (an If/Loop branch returning an outer value): onnx_ir 1.1 removed it, leaving
+    the branch's output made outside it ("Graph output ... is not an output of any node in graph":
+    ONNX's expanded AffineGrid) or, with two branches, raised ("already an output of a different graph")."""
+
+    def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
+        source = node.inputs[0] if len(node.inputs) == 1 else None
+        if node.op_type == "Identity" and node.domain == "" and source is not None and len(node.outputs) == 1 \
+                and node.outputs[0].is_graph_output() \
+                and (source.producer() is None or source.producer().graph is not node.graph) \
+                and not (source.is_graph_input() or source.is_initializer()):
+            return False  # an outer value: the Identity is what makes it this graph's output
+        return super()._try_eliminate_identity_node(node)
+
+
+def eliminate_identities(model: ir.Model) -> bool:
+    """Identity nodes removed (onnx_ir's pass), each graph's outputs still made in that graph."""
+    return _IdentityElimination()(model).modified
 
 
 def remove_unused_nodes(model: ir.Model) -> bool:
@@ -324,6 +416,21 @@ def fresh_names(model: ir.Model):
         return name
 
     return fresh
+
+
+# IR version 4 made initializers that are not graph inputs legal; before it, every one must be.
+IR_INITIALIZERS_WITHOUT_INPUTS = 4
+
+
+def initializers_as_inputs_before_ir4(model: ir.Model) -> None:
+    """An IR-3 model's new initializers listed as graph inputs too, as IR 3 requires ("in initializer
+    but not in graph input" otherwise); every pass's folding and new weights go through it."""
+    if model.ir_version >= IR_INITIALIZERS_WITHOUT_INPUTS:
+        return
+    listed = set(model.graph.inputs)
+    for value in model.graph.initializers.values():
+        if value not in listed:
+            model.graph.inputs.append(value)
 
 
 def restore(model: ir.Model, backup: ir.Model) -> None:

@@ -121,8 +121,8 @@ def infer_static_dims(model: ir.Model) -> int:
             new = theirs.get(value.name)
             if new is None:
                 continue
-            if value.dtype is None and new.dtype is not None:
-                value.dtype = new.dtype
+            if value.type is None and new.type is not None:
+                value.type = new.type  # the whole type: a sequence's dtype is its element's (a tensor's, if set)
             merged, n = _merge(value.shape, new.shape)
             if n:
                 value.shape = merged

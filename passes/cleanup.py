@@ -22,6 +22,16 @@ Cases:
      (Flatten2Reshape: ``{x}/shape``), and its RewritePass then replaces the registered one, so
      two Flattens of one tensor (DETR's encoder and decoder, legacy export) left the first Reshape
      reading an unregistered value: an invalid model.
+  7. onnxscript's rules write the forms of the newest opset (Unsqueeze with an axes input, from
+     opset 13): a rule's replacement that the model's opset does not have is not written
+     (passes/_opset.py), and the site is logged as declined with the reason.
+  8. A failure inside onnxscript or onnx_ir is no traceback: a node the constant folding fails on
+     stays unfolded (logged "kept" with the error); any other failure of the optimizer leaves the
+     model as it was, with the error in the pass's notes.
+  9. A fold may expose a latent non-conformance of the input: inlining a constant-condition If of
+     ONNX's own expanded AffineGrid feeds a [1]-shaped tensor to Range, which onnx's check rejects.
+     A result that fails the check the input passed is undone and folded again keeping every If;
+     if that fails too, the model is left as it was (notes say why).
 """
 
 from __future__ import annotations
@@ -35,7 +45,8 @@ from onnxscript.rewriter.rules import common as common_rules
 from onnxscript.optimizer import _constant_folding as constant_folding
 
 from dmlopt.model import initializer_bytes
-from dmlopt.passes._base import DmlPass, remove_unused_nodes, restore
+from dmlopt.passes._base import DmlPass, OpsetGate, remove_unused_nodes, restore
+from dmlopt.passes._folding import SkippingFailedFolds, check_failure, first_cause
 from dmlopt.shape_inference import check_function_expansion, fold_refusal
 
 MAX_GROWTH = 0.01
@@ -52,31 +63,54 @@ class CleanupPass(DmlPass):
     order = 0.0
 
     def rewrite(self, model: ir.Model) -> bool:
-        """Its own undo-if-worse: each folding limit in turn, undone while it grows the model."""
+        """Its own undo-if-worse: each folding limit in turn, undone while it grows the model; a
+        result that fails onnx's check where the input passed it is folded again keeping If (case 9)."""
         before_nodes = _count_nodes(model)
         before_bytes = initializer_bytes(model)
-        budget = before_bytes * (1 + MAX_GROWTH) + 4096  # tiny models: allow a few scalars
         if model.functions:
             check_function_expansion(model)
-        for limit in OUTPUT_LIMITS:
-            backup = model.clone()
-            optimizer_passes(limit, self._size_guard(limit))(model)
-            after_bytes = initializer_bytes(model)
-            if after_bytes <= budget:
-                if limit != OUTPUT_LIMITS[0]:
-                    self.note(f"constant folding limited to outputs of <= {limit} elements to keep the model within 1% of its size")
-                break
-            self.note(f"folding with outputs up to {limit} elements grew constants {before_bytes} -> {after_bytes} bytes: undone")
-            restore(model, backup)
-        else:
-            common_passes.InlinePass()(model)
-            remove_unused_nodes(model)
-            self.note("constant folding skipped: every attempt grew the model by more than 1%")
+        original = model.clone()
+        strict = check_failure(model, strict=True) is None
+        if not self._fold(model, before_bytes):
+            return False
+        why = check_failure(model, strict)
+        if why:
+            restore(model, original.clone())
+            self.note(f"folding undone: its result fails onnx's check ({why}); folded again keeping every If")
+            if not self._fold(model, before_bytes, keep_ops=frozenset({"If"})) \
+                    or (why := check_failure(model, strict)):
+                restore(model, original)
+                self.note(f"constant folding skipped: its result fails onnx's check ({why})")
+                return False
         after_nodes = _count_nodes(model)
         modified = after_nodes != before_nodes or initializer_bytes(model) != before_bytes
         if modified:
             self.rewrote("<graph>", f"{before_nodes} -> {after_nodes} nodes")
         return modified
+
+    def _fold(self, model: ir.Model, before_bytes: int, keep_ops: frozenset[str] = frozenset()) -> bool:
+        """The optimizer at each output limit until the model stays within 1% (else dead nodes only);
+        False, the model as it was, when a dependency failed (case 8)."""
+        budget = before_bytes * (1 + MAX_GROWTH) + 4096  # tiny models: allow a few scalars
+        for limit in OUTPUT_LIMITS:
+            backup = model.clone()
+            try:
+                optimizer_passes(limit, self._size_guard(limit), owner=self, keep_ops=keep_ops)(model)
+            except Exception as e:  # noqa: BLE001 - a dependency's failure skips the folding (case 8)
+                restore(model, backup)
+                self.note(f"constant folding skipped: onnxscript's optimizer failed ({first_cause(e)})")
+                return False
+            after_bytes = initializer_bytes(model)
+            if after_bytes <= budget:
+                if limit != OUTPUT_LIMITS[0]:
+                    self.note(f"constant folding limited to outputs of <= {limit} elements to keep the model within 1% of its size")
+                return True
+            self.note(f"folding with outputs up to {limit} elements grew constants {before_bytes} -> {after_bytes} bytes: undone")
+            restore(model, backup)
+        common_passes.InlinePass()(model)
+        remove_unused_nodes(model)
+        self.note("constant folding skipped: every attempt grew the model by more than 1%")
+        return True
 
     def _size_guard(self, limit: int) -> Callable[[ir.Node], bool | None]:
         """onnxscript's `should_fold`: False for a node whose result would be too big, else its own rules."""
@@ -90,13 +124,15 @@ class CleanupPass(DmlPass):
         return should_fold
 
 
-def optimizer_passes(output_limit: int, should_fold: Callable[[ir.Node], bool | None]) -> ir.passes.Sequential:
-    """``onnxscript.optimizer.optimize_ir``'s passes (2 iterations), without OutputFixPass (case 3)."""
+def optimizer_passes(output_limit: int, should_fold: Callable[[ir.Node], bool | None],
+                     owner: DmlPass | None = None, keep_ops: frozenset[str] = frozenset()) -> ir.passes.Sequential:
+    """``onnxscript.optimizer.optimize_ir``'s passes (2 iterations), without OutputFixPass (case 3);
+    a rule's replacement the model's opset does not have is declined in `owner`'s log (case 7)."""
     folding = ir.passes.PassManager([
-        constant_folding.FoldConstantsPass(shape_inference=True,
+        SkippingFailedFolds(owner, keep_ops, shape_inference=True,
                                            input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
                                            output_size_limit=output_limit, should_fold=should_fold),
-        rewriter.RewritePass(default_rules()),
+        rewriter.RewritePass([OpsetGate(rule, owner) for rule in default_rules()]),
         common_passes.RemoveUnusedNodesPass(),
         common_passes.RemoveUnusedFunctionsPass(),
         common_passes.RemoveUnusedOpsetsPass(),

@@ -6,12 +6,14 @@ import re
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxscript import rewriter
 
 import dmlopt
 from dmlopt.passes import cleanup as cleanup_pass
+from dmlopt.passes.cleanup import CleanupPass
 
 
 def _loop_without_cond() -> onnx.ModelProto:
@@ -108,3 +110,63 @@ def test_two_flattens_of_one_tensor_get_shape_initializers_of_their_own():
     onnx.checker.check_model(ir.serde.serialize_model(result.model), full_check=True)
     names = [n.inputs[1].name for n in result.model.graph if n.op_type == "Reshape"]
     assert len(set(names)) == 2 and all(name in result.model.graph.initializers for name in names)
+
+
+def split_to_sequence_model():
+    """ONNX's test_split_to_sequence_1: a scalar `split` input, which onnxscript's folding fails on."""
+    graph = helper.make_graph(
+        [helper.make_node("SplitToSequence", ["data", "split"], ["seq"], axis=0)], "g",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [3, 6]),
+         helper.make_tensor_value_info("split", TensorProto.INT64, [])],
+        [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+
+
+def test_a_fold_onnxscript_fails_on_is_skipped_not_raised():
+    model = dmlopt.load(split_to_sequence_model())
+    p = CleanupPass()
+    result = p(model)
+    assert [n.op_type for n in result.model.graph] == ["SplitToSequence"]
+    assert any(s.action == "kept" and "constant folding failed on it" in s.detail for s in p.sites)
+
+
+def test_a_failing_optimizer_leaves_the_model_as_it_was(monkeypatch):
+    import dmlopt.passes.cleanup as cleanup
+
+    def broken(*_, **__):
+        def run(model):
+            model.graph.remove(next(iter(model.graph)), safe=False)  # a half-done change, then the failure
+            raise ir.passes.PassError("inside onnx_ir")
+        return run
+
+    monkeypatch.setattr(cleanup, "optimizer_passes", broken)
+    model = dmlopt.load(split_to_sequence_model())
+    p = CleanupPass()
+    assert not p(model).modified
+    assert [n.op_type for n in model.graph] == ["SplitToSequence"]
+    assert any("onnxscript's optimizer failed (PassError: inside onnx_ir)" in n for n in p.notes)
+
+
+def ir3_model():
+    """An IR-3 export (PyTorch's oldest): every initializer is a graph input too, as IR 3 requires;
+    its Constant nodes become initializers in cleanup (test_PixelShuffle, test_operator_view)."""
+    a = numpy_helper.from_array(np.full((2,), 2.0, np.float32), "a")
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(np.full((2,), 3.0, np.float32))),
+         helper.make_node("Add", ["x", "a"], ["xa"]), helper.make_node("Mul", ["xa", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("a", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [a])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 7)], ir_version=3)
+
+
+def test_folds_into_an_ir3_model_are_graph_inputs_too():
+    import onnxruntime as ort
+
+    onnx.checker.check_model(ir3_model())
+    model = dmlopt.load(ir3_model())
+    assert CleanupPass()(model).modified
+    proto = ir.serde.serialize_model(model)
+    onnx.checker.check_model(proto)  # "in initializer but not in graph input" before the fix
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": np.ones(2, np.float32)})[0], [9.0, 9.0])

@@ -11,6 +11,9 @@ output_padding p; W is [C_in, C_out/g, kh, kw], groups g.
   3. A(ConvTranspose(x; W, B)) -> Slice(DepthToSpace(A(Conv(x; K, B'))))        A an elementwise
      activation (Relu, LeakyRelu, ...): it commutes with DepthToSpace and Slice, and right after
      the Conv DirectML fuses it
+  4. Strides (sh, sw) that differ: as 1 with sh*sw phases, which Reshape([N, C, sh, sw, Qh, Qw]),
+     Transpose and Reshape([N, C, Qh*sh, Qw*sw]) interleave in place of DepthToSpace (one block
+     size); the input's height and width must be static (the Reshapes' shapes).
   The Slice is left out when there is nothing to crop.
 
 Derivation: with U = q*s + r a full (uncropped) output position, U = i*s + t for input i and tap t,
@@ -25,7 +28,7 @@ would need ceil((k + b mod s)/s) taps, 2.25x the MACs for k4 s2 p1: more than th
 Cost: s*s*M*M taps against k*k, equal when s divides k (k4 s2), 16/9 for k3 s2 (zero taps).
 
 Declined with the reason: non-constant weight or bias, not 2-D, dilations other than 1, strides
-that differ between the axes (DepthToSpace has one block size), auto_pad SAME_* or an
+that differ between the axes where the input's height or width is not static, auto_pad SAME_* or an
 output_shape attribute (the pads they imply have differed between ONNX Runtime and the spec),
 negative pads, opset < 11 (no DepthToSpace mode).
 
@@ -73,16 +76,18 @@ def plan_axis(kernel: int, stride: int, begin: int, end: int, output_padding: in
     return AxisPlan(taps, taps - 1 - q0, pad_end, begin - q0 * stride, crop_end)
 
 
-def subpixel_weight(w: np.ndarray, stride: int, groups: int) -> np.ndarray:
-    """[C_in, C_out/g, kh, kw] ConvTranspose weight -> [C_out*s*s, C_in/g, Mh, Mw] Conv weight (CRD)."""
+def subpixel_weight(w: np.ndarray, stride, groups: int) -> np.ndarray:
+    """[C_in, C_out/g, kh, kw] ConvTranspose weight -> [C_out*sh*sw, C_in/g, Mh, Mw] Conv weight (CRD);
+    `stride`: one for both axes, or (sh, sw)."""
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
     rows = regroup(w, groups)  # [C_out, C_in/g, kh, kw]: one row per output channel
     c_out, c_in_g, kh, kw = rows.shape
-    mh, mw = -(-kh // stride), -(-kw // stride)
-    padded = np.zeros((c_out, c_in_g, mh * stride, mw * stride), dtype=w.dtype)
+    mh, mw = -(-kh // sh), -(-kw // sw)
+    padded = np.zeros((c_out, c_in_g, mh * sh, mw * sw), dtype=w.dtype)
     padded[:, :, :kh, :kw] = rows
     # tap index m*s + r -> (m, r); the Conv reads the taps in reverse order of m.
-    taps = padded.reshape(c_out, c_in_g, mh, stride, mw, stride)[:, :, ::-1, :, ::-1, :]
-    return np.ascontiguousarray(taps.transpose(0, 3, 5, 1, 2, 4).reshape(c_out * stride * stride, c_in_g, mh, mw))
+    taps = padded.reshape(c_out, c_in_g, mh, sh, mw, sw)[:, :, ::-1, :, ::-1, :]
+    return np.ascontiguousarray(taps.transpose(0, 3, 5, 1, 2, 4).reshape(c_out * sh * sw, c_in_g, mh, mw))
 
 
 def subpixel_reason(node: ir.Node, opset: int | None) -> str | None:
@@ -102,8 +107,11 @@ def subpixel_reason(node: ir.Node, opset: int | None) -> str | None:
     if opset is not None and opset < 11:
         return f"opset {opset} < 11 has no DepthToSpace mode"
     strides = attrs.get_ints("strides", [1, 1])
-    if len(set(strides)) != 1:
-        return f"strides {list(strides)} differ; DepthToSpace has one block size"
+    x = node.inputs[0]
+    if len(set(strides)) != 1 and not (x.shape is not None and len(x.shape) == 4
+                                       and all(isinstance(d, int) for d in x.shape.dims[2:])):
+        return (f"strides {list(strides)} differ and the input's height and width are not static (the phases "
+                "are interleaved by Reshape/Transpose, whose shapes need them; DepthToSpace has one block size)")
     dilations = attrs.get_ints("dilations", [1, 1])
     if any(d != 1 for d in dilations):
         return f"dilations {list(dilations)}: only 1 is rewritten"
@@ -136,22 +144,31 @@ class _SubpixelRule(SiteRule):
         attrs = node.attributes
         x, w = node.inputs[0], node.inputs[1]
         weight = w.const_value.numpy()
-        stride = attrs.get_ints("strides", [1, 1])[0]
+        sh, sw = strides = tuple(attrs.get_ints("strides", [1, 1]))
+        stride = sh if sh == sw else strides
         groups = attrs.get_int("group", 1)
         pads = _pads(node)
         output_padding = list(attrs.get_ints("output_padding", [0, 0]))
-        plans = [plan_axis(weight.shape[2 + i], stride, pads[i], pads[2 + i], output_padding[i]) for i in range(2)]
+        plans = [plan_axis(weight.shape[2 + i], strides[i], pads[i], pads[2 + i], output_padding[i]) for i in range(2)]
 
-        inputs = [x, self.owner.initializer(op, subpixel_weight(weight, stride, groups), f"{w.name}_subpixel")]
+        inputs = [x, self.owner.initializer(op, subpixel_weight(weight, strides, groups), f"{w.name}_subpixel")]
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             bias = node.inputs[2].const_value.numpy()
-            inputs.append(self.owner.initializer(op, np.repeat(bias, stride * stride), f"{node.inputs[2].name}_subpixel"))
+            inputs.append(self.owner.initializer(op, np.repeat(bias, sh * sw), f"{node.inputs[2].name}_subpixel"))
         y = op.Conv(*inputs, kernel_shape=[p.taps for p in plans], group=groups,
                     pads=[p.pad_begin for p in plans] + [p.pad_end for p in plans])
         if activation is not None:
             y = op.op(activation.op_type, y, _domain=activation.domain, **dict(activation.attributes))
-        if stride > 1:
-            y = op.DepthToSpace(y, blocksize=stride, mode="CRD")
+        if sh == sw > 1:
+            y = op.DepthToSpace(y, blocksize=sh, mode="CRD")
+        elif sh != sw:  # case 4: the phases interleaved per axis, [N, C*sh*sw, Qh, Qw] -> [N, C, Qh*sh, Qw*sw]
+            c_out = weight.shape[1] * groups
+            qh, qw = (x.shape.dims[2 + i] + plans[i].pad_begin + plans[i].pad_end - plans[i].taps + 1 for i in range(2))
+            split = np.array([0, c_out, sh, sw, qh, qw], dtype=np.int64)
+            merged = np.array([0, c_out, qh * sh, qw * sw], dtype=np.int64)
+            y = op.Reshape(y, self.owner.initializer(op, split, "subpixel_phases"))
+            y = op.Transpose(y, perm=[0, 1, 4, 2, 5, 3])
+            y = op.Reshape(y, self.owner.initializer(op, merged, "subpixel_interleaved"))
         crop_axes = [i for i, p in enumerate(plans) if p.crop_begin or p.crop_end]
         if crop_axes:
             starts = np.array([plans[i].crop_begin for i in crop_axes], dtype=np.int64)
@@ -160,9 +177,10 @@ class _SubpixelRule(SiteRule):
                          self.owner.initializer(op, ends, "subpixel_crop_ends"),
                          self.owner.initializer(op, np.array([2 + i for i in crop_axes], dtype=np.int64),
                                                 "subpixel_crop_axes"))
-        detail = (f"Conv({stride * stride}x{weight.shape[1] * groups} channels, {plans[0].taps}x{plans[1].taps})"
+        detail = (f"Conv({sh * sw}x{weight.shape[1] * groups} channels, {plans[0].taps}x{plans[1].taps})"
                   + (f" + {activation.op_type}" if activation is not None else "")
-                  + (" + DepthToSpace(CRD)" if stride > 1 else "") + (" + Slice" if crop_axes else ""))
+                  + (" + DepthToSpace(CRD)" if sh == sw > 1 else " + Reshape/Transpose/Reshape" if sh != sw else "")
+                  + (" + Slice" if crop_axes else ""))
         self.accepted(node, detail, strategy="subpixel", stride=stride)
         return y
 

@@ -115,7 +115,6 @@ def test_dynamic_spatial_dims_at_two_sizes():
 
 @pytest.mark.parametrize("kwargs, reason", [
     (dict(dilations=(2, 2)), "dilations [2, 2]"),
-    (dict(strides=(2, 1)), "strides [2, 1] differ"),
     (dict(pads=None, auto_pad="SAME_UPPER"), "auto_pad=SAME_UPPER"),
     (dict(pads=None, output_shape=[10, 8]), "output_shape attribute"),
     (dict(opset=10), "opset 10 < 11"),
@@ -125,6 +124,26 @@ def test_declines_with_the_reason(kwargs, reason):
     assert [n.op_type for n in out.graph] == ["ConvTranspose"]
     (site,) = p.sites
     assert site.action == "declined" and reason in site.detail
+
+
+@pytest.mark.parametrize("strides, kernel, pads, output_padding", [
+    ((2, 1), (4, 4), (1, 1, 1, 1), None), ((3, 2), (3, 3), (1, 2, 1, 2), (1, 1)), ((1, 3), (2, 5), (0, 1, 1, 2), None),
+    ((3, 2), (3, 3), (0, 0, 0, 0), (1, 1))])
+def test_unequal_strides_with_static_sizes_are_rewritten_exactly(strides, kernel, pads, output_padding):
+    model = conv_transpose_model(strides=strides, kernel=kernel, pads=pads, output_padding=output_padding,
+                                 groups=1, size=(5, 6))
+    original, out, p = rewrite(model)
+    assert "ConvTranspose" not in [n.op_type for n in out.graph]
+    assert "Reshape/Transpose/Reshape" in p.sites[0].detail
+    assert_exact(original, out)
+
+
+def test_unequal_strides_with_dynamic_sizes_are_declined():
+    model = conv_transpose_model(strides=(2, 1))
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
+    _, out, p = rewrite(model)
+    assert [n.op_type for n in out.graph] == ["ConvTranspose"]
+    assert "strides [2, 1] differ and the input's height and width are not static" in p.sites[0].detail
 
 
 def test_declines_non_constant_weight_and_1d():

@@ -41,11 +41,11 @@ import math
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
-from onnxscript import optimizer
+from dmlopt.passes._folding import fold_constants
 from onnxscript.rewriter import pattern
 
 from dmlopt.targets.dml import placement
-from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes
+from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, eliminate_identities, remove_unused_nodes
 from dmlopt.shape_inference import sized_folds
 
 FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
@@ -274,7 +274,7 @@ class CopiesPass(DmlPass):
             modified = True
             if any(n.domain == MS_DOMAIN for n in ir.traversal.RecursiveGraphIterator(model.graph)):
                 model.opset_imports.setdefault(MS_DOMAIN, 1)
-            common_passes.IdentityEliminationPass()(model)
+            eliminate_identities(model)
             remove_unused_nodes(model)  # keeps Loop(M, "")'s empty input
         if report:
             after = placement.predict(model, ort_version=self.context.target.table_version)
@@ -312,7 +312,7 @@ class CopiesPass(DmlPass):
         if not constant:
             return False
         names = {n.name for n in constant}
-        optimizer.fold_constants(model, output_size_limit=1024, input_size_limit=1024,
+        fold_constants(model, self, output_size_limit=1024, input_size_limit=1024,
                                  should_fold=sized_folds(1024))  # sized before evaluating
         remove_unused_nodes(model)
         left = {n.name for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "If"}

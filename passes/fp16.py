@@ -174,6 +174,8 @@ class _Converter:
 
     def _plan(self, node: ir.Node, index: set[ir.Value]) -> tuple[NodePlan, str]:
         plan = NodePlan()
+        if has_subgraphs(node):  # its float16 inputs stay float16: its bodies read them so (a float16 Scan)
+            plan.half_inputs = {i for i, v in enumerate(node.inputs) if v is not None and v.dtype == HALF}
         floats = [v for v in (*node.inputs, *node.outputs) if v is not None and v.dtype == FULL]
         if not floats:
             return plan, ""  # nothing float32 here: nothing to convert or keep
@@ -324,8 +326,9 @@ class _Converter:
                 if want is not None and want != value.dtype:
                     node.replace_input_with(i, self._as(value, want))
         for value in _all_values(self.graph):  # reads from inside subgraph bodies (case 2d)
-            if value.dtype != HALF:
-                continue
+            producer = value.producer()
+            if value.dtype != HALF or (producer is not None and producer.graph is not self.graph):
+                continue  # a body's own value is the body's to convert: a Cast for it belongs in the body
             for node, i in value.uses():
                 if node.graph is not self.graph:
                     node.replace_input_with(i, self._as(value, FULL))

@@ -55,7 +55,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
-from onnxscript import optimizer
+from dmlopt.passes._folding import check_failure, fold_constants
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
@@ -89,6 +89,7 @@ class FreezeShapesPass(DmlPass):
     summary = "fix dynamic axes (--shape/--dim) and fold the Shape arithmetic they keep alive; lists free dims otherwise"
     order = 10.0
     _inputs_changed = False  # set by _freeze_declared
+    _keep_ops: frozenset[str] = frozenset()  # ONNX ops the folding keeps (If, after a fold exposed a latent error)
     needs_fresh_names = True  # for the Splits and their sizes, and the shapes of folded view chains
 
     def skip(self, model: ir.Model, sites) -> bool:
@@ -105,9 +106,18 @@ class FreezeShapesPass(DmlPass):
         limit = size_before * (1 + MAX_GROWTH) + SLACK
         backup = model.clone()
         self._freeze_declared(model, shapes, values)
+        strict = check_failure(model, strict=True) is None
         # Fold what does not grow the model first; big folds may then spend what that saved.
         if self._fold(model, budget=0.0, log=False):
             self._fold(model, budget=limit - _model_bytes(model), log=True)
+        why = check_failure(model, strict)
+        if why:  # a fold exposed a latent non-conformance (case 9): fold again keeping every If
+            self.note(f"folding undone: its result fails onnx's check ({why}); folded again keeping every If")
+            restore(model, backup.clone())
+            self._freeze_declared(model, shapes, values)
+            self._keep_ops = frozenset({"If"})
+            if self._fold(model, budget=0.0, log=False):
+                self._fold(model, budget=limit - _model_bytes(model), log=True)
         size = _model_bytes(model)
         undone = size > limit
         if undone:
@@ -152,8 +162,9 @@ class FreezeShapesPass(DmlPass):
         split_sizes_as_input = model.opset_imports.get("", 1) >= 13
         for _ in range(MAX_ROUNDS):
             changed = infer_static_dims(model) > 0
-            changed |= bool(optimizer.fold_constants(model, onnx_shape_inference=True, output_size_limit=BIG_RESULT,
-                                                     should_fold=guard))
+            changed |= bool(fold_constants(model, self, keep_ops=self._keep_ops, onnx_shape_inference=True,
+                                           output_size_limit=BIG_RESULT,
+                                           should_fold=guard))
             present = {n.op_type for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.domain in ("", "ai.onnx")}
             rules = _shape_rules(self, present)
             changed |= bool(rules) and apply_rules(model, rules) > 0

@@ -32,7 +32,7 @@ import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
-from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes
+from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, eliminate_identities, remove_unused_nodes
 from dmlopt.passes._shared import ReshapeNoOp, constant_array, infer_static_dims, is_static, show_shape
 
 # Weights and biases of exported linears may be Constant nodes as well as initializers.
@@ -66,7 +66,7 @@ class LinearGemmPass(DmlPass):
             apply_rules(model, merges)
             remove_unused_nodes(model)
         if count:
-            common_passes.IdentityEliminationPass()(model)
+            eliminate_identities(model)
             remove_unused_nodes(model)
             common_passes.DeduplicateInitializersPass()(model)  # the Reshape shapes of equal sites
             common_passes.NameFixPass()(model)

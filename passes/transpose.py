@@ -46,7 +46,7 @@ import onnxscript.rewriter.rules.common as onnxscript_rules
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets as fused_matmul
 
-from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes
+from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, eliminate_identities, remove_unused_nodes
 from dmlopt.passes._layout import (BINARY, REDUCE, SOFTMAX, UNARY, CollapseLayoutChain, inverse, rank_of, reduce_axes,
                                    transpose_count)
 from dmlopt.passes._shared import constant_array
@@ -479,6 +479,6 @@ class TransposePass(DmlPass):
             total += count
             if not count:
                 break
-        common_passes.IdentityEliminationPass()(model)  # cancelled pairs leave Identity
+        eliminate_identities(model)  # cancelled pairs leave Identity
         remove_unused_nodes(model)
         return total > 0

@@ -108,3 +108,20 @@ def test_a_failing_inference_leaves_the_model_as_it_was(monkeypatch):
     monkeypatch.setattr(shape_inference.onnx.shape_inference, "infer_shapes", broken)
     assert infer_shapes(m) is False
     assert onnx.printer.to_text(ir.to_proto(m)) == before
+
+
+def test_onnx_inference_keeps_sequences_sequences():
+    """onnx_ir 1.1's ShapeInferencePass typed a sequence as its element's tensor (test_sequence_model5)."""
+    from onnx import TensorProto, helper
+
+    from dmlopt.graph_check import check_model
+    graph = helper.make_graph(
+        [helper.make_node("SequenceConstruct", ["x", "x"], ["seq"]),
+         helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = dmlopt.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)]))
+    shape_inference.onnx_shape_inference(model)
+    seq = next(iter(model.graph)).outputs[0]
+    assert isinstance(seq.type, ir.SequenceType)
+    check_model(model, "inference")

@@ -130,7 +130,8 @@ def contrib_shapes(model: ir.Model) -> int:
     try:
         inferred = _symbolic_shapes(weightless_proto(model))
     except Exception as e:  # noqa: BLE001 - best effort, as ONNX shape inference
-        logger.debug("ORT symbolic shape inference failed: %s", str(e).strip().splitlines()[0][:200])
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # a bare assert has no message
+        logger.debug("ORT symbolic shape inference failed: %s", first[:200])
         inferred = None
     if inferred is None:
         return _contrib_rules(model)
