@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt import bench, fp16_repair, runtime, session_config
+from dmlopt import bench, fp16_repair, input_sizes, runtime, session_config
 from dmlopt import report as report_mod
 from dmlopt import tune as tuning
 from dmlopt.progress import ticking

@@ -40,7 +40,6 @@ import math
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 from dmlopt.passes._folding import fold_constants
 from onnxscript.rewriter import pattern
 

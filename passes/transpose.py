@@ -41,7 +41,6 @@ from typing import Sequence
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 import onnxscript.rewriter.rules.common as onnxscript_rules
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets as fused_matmul
