@@ -68,7 +68,8 @@ def variants(args) -> dict[str, dict]:
     return out
 
 
-def build(export, args) -> tuple[dict, dict]:
+def build(export, args, feeds=None, reference=None) -> tuple[dict, dict]:
+    """The rows' models; with `feeds`, each one's error on the WebGPU EP is printed as soon as it is built."""
     models, notes = {EXPORT: export}, {EXPORT: "-"}
     for name, options in variants(args).items():
         t0 = time.perf_counter()
@@ -77,6 +78,9 @@ def build(export, args) -> tuple[dict, dict]:
                    "validated" if result.passed else "REFUSED by validation")
         fused = sum(1 for n in result.model.graph.all_nodes() if n.op_type == "MultiHeadAttention")
         notes[name] = f"{verdict}; {fused} MultiHeadAttention; optimize {time.perf_counter() - t0:.0f} s"
+        if feeds is not None:
+            got = next(iter(run_model(result.model, feeds, target="webgpu").values()))
+            notes[name] += f"; rel L2 on the EP {rel_l2(got, reference):.1e}"
         print(f"{name}: {notes[name]}", flush=True)
         models[name] = result.model
         if verdict.startswith("REFUSED"):
@@ -144,9 +148,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     export = dmlopt.load(str(export_vit_b(work)))
     print(f"export ready in {time.perf_counter() - t0:.0f} s", flush=True)
-    models, notes = build(export, args)
     feeds = runtime.random_inputs(runtime.input_specs(export), 0)
     reference = next(iter(run_model(export, feeds).values()))
+    models, notes = build(export, args, feeds, reference)
     result = bench.compare(models, "webgpu", runs=args.runs, warmup=args.warmup, baseline=EXPORT, feeds=feeds)
     rows = [("model", "median ms", "min-p90 ms", "x export", "rel L2 on EP vs export (CPU EP)",
              "dmlopt validate --ep webgpu", "dmlopt")]
