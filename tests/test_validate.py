@@ -235,3 +235,17 @@ def test_a_saved_float16_model_with_contrib_ops_is_validated_from_its_file():
     half = pathlib.Path(__file__).parent / "measured" / "sam_small.fp16.dmlopt.onnx"
     v = dmlopt.validate(pathlib.Path(dmlopt.__file__).parent / "data" / "sam_small.onnx", half)
     assert v.passed and v.outputs[0].rtol == 1e-2 and 1e-4 < v.outputs[0].rel_l2 < 1e-2
+
+
+def test_outputs_in_the_subnormal_range_pass_within_one_ulp_and_fail_beyond():
+    """A Gemm with alpha 1e-45 (a hypothesis case) makes outputs of a few float32 subnormals, where a rewrite's
+    one-ulp differences are a 35% relative error: as close as the type can be, so they pass; more does not."""
+    from dmlopt.validate import compare
+
+    tiny = np.finfo(np.float32).smallest_subnormal
+    ref = (np.arange(15, dtype=np.float32).reshape(3, 5) % 7) * tiny
+    off_by_one = ref.copy()
+    off_by_one[::2, 1] += tiny
+    assert compare("y", ref, off_by_one).passed
+    assert not compare("y", ref, ref * 3).passed
+    assert not compare("y", ref, np.zeros_like(ref)).passed
