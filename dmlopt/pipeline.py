@@ -265,23 +265,20 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
                      else f"{runtime.PROVIDERS[target]}, the target's provider, is not on this machine"
                      if not runtime.has_target(target) else runtime.timing_refusal(target))
     # A software adapter (WebGPU on lavapipe) is timed only when asked, and the timing says so.
-    if out.passed and gpu_host:
-        if not any(p["modified"] for p in rep.passes):
-            rep.timing = {"provider": "DmlExecutionProvider", "identical": True,
-                          "verdict": "identical graph: no pass changed the model, nothing to time"}
-        else:
-            with ticking(progress, f"time before/after on the DirectML host (ORT {real.version})"):
-                rep.timing = real_ep.retime(original, work, real, shapes=context.shapes, dims=context.dims,
-                                            inputs=inputs)
-    elif out.passed and (retime or (retime is None and validate and runtime.has_target(target)
-                                    and runtime.timing_refusal(target) is None)):
+    on_machine = retime or (retime is None and validate and runtime.has_target(target)
+                            and runtime.timing_refusal(target) is None)
+    if out.passed and (gpu_host or on_machine):
+        rep.not_timed = None
         if not any(p["modified"] for p in rep.passes):  # the same graph: a timing would only measure noise
             rep.timing = {"provider": runtime.PROVIDERS[target], "identical": True,
                           "verdict": "identical graph: no pass changed the model, nothing to time"}
-        elif progress:
-            progress(f"time before/after on {target}")
-        rep.not_timed = None
-        if not rep.timing:
+        elif gpu_host:
+            with ticking(progress, f"time before/after on the DirectML host (ORT {real.version})"):
+                rep.timing = real_ep.retime(original, work, real, shapes=context.shapes, dims=context.dims,
+                                            inputs=inputs)
+        else:
+            if progress:
+                progress(f"time before/after on {target}")
             rep.timing = bench.retime(original, work, target, shapes=context.shapes, dims=context.dims,
                                       inputs=inputs, progress=progress)
     predicted = None
