@@ -17,12 +17,8 @@ profile.  The adapter is named first; on a software adapter the times mean nothi
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
 import json
-import os
 import pathlib
-import re
 import sys
 import tempfile
 import time
@@ -89,7 +85,8 @@ def build(export, args, feeds=None, reference=None) -> tuple[dict, dict]:
 
 
 def gpu_profile(model, feeds, runs: int, raw_out: pathlib.Path | None) -> dict:
-    """GPU kernel ms by op type (the EP's timestamp-query events) and CPU-side node ms, per run."""
+    """ORT's profile of `runs` runs after one warm-up (bench.profile_summary): CPU-side node ms by op type
+    and, where the EP adds them, GPU kernel ms (its timestamp-query events)."""
     with tempfile.TemporaryDirectory() as tmp:
         session = runtime.session(model, "webgpu", profile_dir=tmp)
         for _ in range(runs + 1):
@@ -98,25 +95,7 @@ def gpu_profile(model, feeds, runs: int, raw_out: pathlib.Path | None) -> dict:
         events = json.load(open(path))
         if raw_out:
             raw_out.write_text(json.dumps(events))
-    gpu = [e for e in events if e.get("cat") == "Api" and "dur" in e]
-    node = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
-    by_op: dict[str, float] = collections.Counter()
-    by_kernel: dict[str, float] = collections.Counter()
-    for e in gpu:
-        name = e["name"]
-        op = e.get("args", {}).get("op_name") or re.split(r"[&|]", name)[-1]
-        by_op[op] += e["dur"] / 1000.0
-        by_kernel[name] += e["dur"] / 1000.0
-    node_ms = collections.Counter()
-    for e in node:
-        node_ms[e.get("args", {}).get("op_name", "?")] += e["dur"] / 1000.0
-    n = runs + 1
-    return {"gpu_events": len(gpu), "runs": n,
-            "gpu_ms_per_run": sum(by_op.values()) / n,
-            "gpu_ms_by_op": {k: round(v / n, 3) for k, v in by_op.most_common()},
-            "slowest_kernels_ms": {k: round(v / n, 3) for k, v in by_kernel.most_common(25)},
-            "cpu_side_node_ms_by_op": {k: round(v / n, 3) for k, v in node_ms.most_common(25)},
-            "cpu_side_node_ms_per_run": sum(node_ms.values()) / n}
+    return bench.profile_summary(events) or {}
 
 
 def main(argv=None) -> int:
@@ -184,10 +163,8 @@ def main(argv=None) -> int:
     for i, (name, model) in enumerate(models.items() if not args.no_profile else ()):
         summary = gpu_profile(model, feeds, args.profile_runs, out / f"profile{i}.json" if out else None)
         summaries[name] = summary
-        print(f"\nprofile {name}: {summary['gpu_events']} GPU kernel events, GPU {summary['gpu_ms_per_run']:.2f} ms/run, "
-              f"CPU-side node time {summary['cpu_side_node_ms_per_run']:.2f} ms/run")
-        for op, ms in list(summary["gpu_ms_by_op"].items())[:15]:
-            print(f"  {op:40s} {ms:8.3f} ms")
+        print(f"\nprofile {name}:")
+        print(bench.profile_table(summary, "WebGpuExecutionProvider"))
     if out:
         (out / "summary.json").write_text(json.dumps({"timing": result, "profiles": summaries}, default=str, indent=1))
     return 0

@@ -35,8 +35,3 @@ def make_model(graph: onnx.GraphProto, opsets: dict[str, int], **kwargs) -> onnx
     imports = [helper.make_opsetid(domain, version) for domain, version in opsets.items()]
     return helper.make_model(graph, opset_imports=imports, ir_version=ir_version_for(opsets), **kwargs)
 
-
-def stamp(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (changed in place) with the IR version `ir_version_for` gives for its opsets."""
-    model.ir_version = ir_version_for(model.opset_import)
-    return model
