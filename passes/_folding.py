@@ -4,7 +4,10 @@ Why: a failure inside a dependency is no traceback for the user.  onnxscript 0.7
 on SplitToSequence with a scalar `split` (its evaluator reads the split as a 1-D array) and ended
 the whole pass with onnx_ir's PassError; here that node stays as it is, logged as kept with the error.
 A fold may also expose a latent non-conformance of the input (`check_failure` tells): the folding
-passes then fold again keeping If (`keep_ops`).
+passes then fold again keeping If and what computes its condition (`keep_ops`).  ONNX Runtime's own
+optimizer inlines an If whose condition is constant and infers again: a [1]-shaped constant that the If
+hid from Range (ONNX's expanded AffineGrid) then makes ORT refuse a model that onnx's checker passes,
+so a folded model with a constant-condition If is also loaded in ORT.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from typing import Callable
 import onnx_ir as ir
 from onnxscript.optimizer import _constant_folding as constant_folding
 
+from dmlopt import runtime
 from dmlopt.graph_check import PassBroke, check_model
+from dmlopt.model import without_external_data
 from dmlopt.passes._base import DmlPass, initializers_as_inputs_before_ir4
+from dmlopt.shape_inference import weightless_proto
 
 
 class SkippingFailedFolds(constant_folding.FoldConstantsPass):
@@ -23,13 +29,19 @@ class SkippingFailedFolds(constant_folding.FoldConstantsPass):
     a scalar `split` raised from inside its evaluator and ended the run with onnx_ir's PassError."""
 
     def __init__(self, owner: DmlPass | None, keep_ops: frozenset[str] = frozenset(), **kw):
-        """`keep_ops`: ONNX op types left as they are (cleanup's second try keeps If)."""
+        """`keep_ops`: ONNX op types left as they are; with If, the nodes that compute an If's
+        condition stay too (a constant condition is what ORT's optimizer inlines)."""
         super().__init__(**kw)
         self.owner = owner
         self.keep_ops = keep_ops
+        self._condition_cone: set[int] = set()
+
+    def call(self, model: ir.Model):
+        self._condition_cone = if_condition_cone(model) if "If" in self.keep_ops else set()
+        return super().call(model)
 
     def process_node(self, node: ir.Node, is_function: bool):
-        if node.op_type in self.keep_ops and node.domain in ("", "ai.onnx"):
+        if (node.op_type in self.keep_ops and node.domain in ("", "ai.onnx")) or id(node) in self._condition_cone:
             return None
         try:
             return super().process_node(node, is_function)
@@ -59,11 +71,55 @@ def fold_constants(model: ir.Model, owner: DmlPass | None, *, keep_ops: frozense
                                output_size_limit=output_size_limit, should_fold=should_fold)(model)
 
 
-def check_failure(model: ir.Model, strict: bool) -> str | None:
-    """onnx's checker and shape inference (`strict`: errors fatal) on the model, as the engine checks it."""
+def if_condition_cone(model: ir.Model) -> set[int]:
+    """id() of every node an If's condition is computed from, in every graph."""
+    cone: set[int] = set()
+    stack = [n.inputs[0] for n in ir.traversal.RecursiveGraphIterator(model.graph)
+             if n.op_type == "If" and n.domain in ("", "ai.onnx") and n.inputs and n.inputs[0] is not None]
+    while stack:
+        producer = stack.pop().producer()
+        if producer is not None and id(producer) not in cone:
+            cone.add(id(producer))
+            stack.extend(v for v in producer.inputs if v is not None)
+    return cone
+
+
+def has_constant_if(model: ir.Model) -> bool:
+    return any(n.op_type == "If" and n.domain in ("", "ai.onnx") and n.inputs and n.inputs[0] is not None
+               and ir.convenience.get_const_tensor(n.inputs[0]) is not None
+               for n in ir.traversal.RecursiveGraphIterator(model.graph))
+
+
+def ort_refusal(model: ir.Model) -> str | None:
+    """ONNX Runtime's refusal to load `model` with its basic graph optimizations (which inline an If
+    whose condition is constant), on one line; None when it loads.  Large weights are typed inputs
+    (nothing to read), and a kernel the CPU EP lacks (float16) is no refusal."""
+    ort = runtime.ort()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    try:
+        proto = without_external_data(weightless_proto(model))
+        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - whatever ORT raises is the answer
+        if "NOT_IMPLEMENTED" in str(e):
+            return None
+        text = str(e).strip().splitlines()
+        return text[0][:200] if text else type(e).__name__
+    return None
+
+
+def check_failure(model: ir.Model, strict: bool, before: ir.Model | None = None) -> str | None:
+    """onnx's checker and shape inference (`strict`: errors fatal) on the model, as the engine checks it;
+    with `before` (the model before the fold), a constant-condition If also loads in ONNX Runtime
+    wherever `before` did."""
     initializers_as_inputs_before_ir4(model)  # what DmlPass.call does after the pass, first
     try:
         check_model(model, "folding", strict=strict)
-        return None
     except PassBroke as e:
         return str(e).split("invalid model: ", 1)[-1][:200]
+    if before is not None and has_constant_if(model):
+        why = ort_refusal(model)
+        if why and ort_refusal(before) is None:
+            return f"ONNX Runtime refuses it once its optimizer inlines an If with a constant condition: {why}"
+    return None

@@ -73,14 +73,15 @@ class CleanupPass(DmlPass):
         strict = check_failure(model, strict=True) is None
         if not self._fold(model, before_bytes):
             return False
-        why = check_failure(model, strict)
+        why = check_failure(model, strict, before=original)
         if why:
             restore(model, original.clone())
-            self.note(f"folding undone: its result fails onnx's check ({why}); folded again keeping every If")
+            self.note(f"folding undone: its result fails a check ({why}); folded again keeping every If and "
+                      "what computes its condition")
             if not self._fold(model, before_bytes, keep_ops=frozenset({"If"})) \
-                    or (why := check_failure(model, strict)):
+                    or (why := check_failure(model, strict, before=original)):
                 restore(model, original)
-                self.note(f"constant folding skipped: its result fails onnx's check ({why})")
+                self.note(f"constant folding skipped: its result fails a check ({why})")
                 return False
         after_nodes = _count_nodes(model)
         modified = after_nodes != before_nodes or initializer_bytes(model) != before_bytes

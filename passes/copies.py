@@ -40,11 +40,12 @@ import math
 
 import numpy as np
 import onnx_ir as ir
-from dmlopt.passes._folding import fold_constants
+from dmlopt.passes._folding import check_failure, fold_constants
 from onnxscript.rewriter import pattern
 
 from dmlopt.targets.dml import placement
-from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, eliminate_identities, remove_unused_nodes
+from dmlopt.passes._base import (DmlPass, Option, SiteRule, apply_rules, eliminate_identities, remove_unused_nodes,
+                                restore)
 from dmlopt.shape_inference import sized_folds
 
 FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
@@ -311,9 +312,16 @@ class CopiesPass(DmlPass):
         if not constant:
             return False
         names = {n.name for n in constant}
+        backup = model.clone()
         fold_constants(model, self, output_size_limit=1024, input_size_limit=1024,
                                  should_fold=sized_folds(1024))  # sized before evaluating
         remove_unused_nodes(model)
+        why = check_failure(model, strict=check_failure(backup, strict=True) is None, before=backup)
+        if why:  # inlining exposed a latent non-conformance the If hid (ONNX's expanded AffineGrid)
+            restore(model, backup)
+            for node in constant:
+                self.declined(node, f"constant-condition If kept: inlining it fails a check ({why})")
+            return False
         left = {n.name for n in ir.traversal.RecursiveGraphIterator(model.graph) if n.op_type == "If"}
         for node in constant:
             if node.name in left:

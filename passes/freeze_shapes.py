@@ -110,19 +110,25 @@ class FreezeShapesPass(DmlPass):
         # Fold what does not grow the model first; big folds may then spend what that saved.
         if self._fold(model, budget=0.0, log=False):
             self._fold(model, budget=limit - _model_bytes(model), log=True)
-        why = check_failure(model, strict)
+        why = check_failure(model, strict, before=backup)
         if why:  # a fold exposed a latent non-conformance (case 9): fold again keeping every If
-            self.note(f"folding undone: its result fails onnx's check ({why}); folded again keeping every If")
+            self.note(f"folding undone: its result fails a check ({why}); folded again keeping every If and "
+                      "what computes its condition")
             restore(model, backup.clone())
             self._freeze_declared(model, shapes, values)
             self._keep_ops = frozenset({"If"})
             if self._fold(model, budget=0.0, log=False):
                 self._fold(model, budget=limit - _model_bytes(model), log=True)
+            why = check_failure(model, strict, before=backup)
         size = _model_bytes(model)
-        undone = size > limit
-        if undone:
+        undone = size > limit or bool(why)
+        if why:
+            self.note(f"folding undone again: its result still fails a check ({why}); only the declared "
+                      "shapes are kept")
+        elif undone:
             self.note(f"folding grew the model from {size_before} to {size} bytes (> 1%): undone, "
                       "only the declared shapes are kept")
+        if undone:
             restore(model, backup)
             self._freeze_declared(model, shapes, values)
             infer_static_dims(model)

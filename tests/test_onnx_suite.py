@@ -48,12 +48,7 @@ def _check(outcomes):
 
 
 # Cases still failing, with why (strict: each must fail, so a fix shows up here).
-KNOWN_FAILURES = {
-    "test_affine_grid_2d_expanded": "ONNX's expanded AffineGrid feeds Range a [1]-shaped tensor from an If; once "
-                                    "folds make that shape known, ORT refuses to load the output (cleanup and "
-                                    "freeze-shapes keep the If; copies' folding and ORT's own inference do not)",
-    "test_affine_grid_2d_align_corners_expanded": "as test_affine_grid_2d_expanded",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_FAILURES[n], strict=True))
