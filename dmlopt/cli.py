@@ -657,17 +657,35 @@ def cmd_bench(args) -> int:
 
 
 def _bench_real_dml(args, shapes, dims) -> int:
-    """bench --ep dml on the Wine host: one model, one process; the report names the device."""
+    """bench --ep dml on the Wine host: each model in its own host process; the report names the device.
+    --compare runs where the host's device is a GPU (a software device's times compare nothing)."""
     ep = real_ep.resolve(args.dml_host, args.ort_version, required=True, what="bench --ep dml")
-    refused = [flag for flag, on in (("--compare", args.compare), ("--tune-ep", args.tune_ep),
-                                     ("--profile", args.profile), ("--cuda-graph", args.cuda_graph),
-                                     ("--provider-option", args.provider_option),
+    refused = [flag for flag, on in (("--tune-ep", args.tune_ep), ("--profile", args.profile),
+                                     ("--cuda-graph", args.cuda_graph), ("--provider-option", args.provider_option),
                                      ("--disable-metacommands", args.disable_metacommands)) if on]
     if refused:
-        raise UsageError(f"{refused[0]} is not available with the DirectML host under Wine (one model per "
-                         "process; its times are software rendering, no basis for comparing or tuning)")
-    with ticking(_progress(args), f"bench {printable(os.path.basename(args.model))} on the real DirectML EP "
-                                  f"(ORT {ep.version}, {args.warmup} warm-up + {args.runs} runs, one host process)"):
+        raise UsageError(f"{refused[0]} is not available with the DirectML host under Wine (its runner takes "
+                         "no provider options and writes no profile)")
+    progress = _progress(args)
+    if args.compare and _same_file_content(args.model, args.compare) and not runtime.has_external_data(load(args.model)):
+        print(f"identical models: {printable(args.model)} and {printable(args.compare)} hold the same bytes; "
+              "nothing to time")
+        return EXIT_OK
+    if args.compare:
+        if ep.software:
+            raise UsageError(f"--compare on the DirectML host: its device is {dml_host.SOFTWARE_NOTE}, whose "
+                             "times compare nothing (run it where the host's DirectML is on a GPU)")
+        models = dict(zip(_model_labels(args.model, args.compare), (load(args.model), load(args.compare))))
+        feeds, basis = bench.same_inputs(models, shapes, dims)
+        with ticking(progress, f"bench on the real DirectML EP (ORT {ep.version}, {args.warmup} warm-up + "
+                               f"{args.runs} runs, each model in its own host process, twice)"):
+            out = {**real_ep.time_models(models, ep, feeds, runs=args.runs, warmup=args.warmup, progress=progress),
+                   "input_basis": basis}
+        print(json_text(out) if args.json else "\n".join(bench.verdict(out)) if args.quiet
+              else bench.to_table(out))
+        return EXIT_OK
+    with ticking(progress, f"bench {printable(os.path.basename(args.model))} on the real DirectML EP "
+                           f"(ORT {ep.version}, {args.warmup} warm-up + {args.runs} runs, one host process)"):
         out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes,
                                  dims=dims)
     print(json_text(out) if args.json else real_ep.time_table(printable_tree(out)))

@@ -180,8 +180,13 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     real = (real_ep.resolve(dml_host, ort_version, other_version_ok=True)
             if target == "dml" and validate else None)  # before any work: a missing version is exit 2
     tuning.require_validation(tune, validate)
+    # A DirectML host whose device is a GPU times tuning's candidates as Windows would (asked only when
+    # something is to be timed: naming the device costs a host run).
+    host_timer = (real_ep.timer(real) if real is not None and real.host is not None
+                  and (tune or retime or any(isinstance(v, str) and v == "auto" for v in options.values())) else None)
     if tune or retime:
-        tuning.require_target(target, tuning=tune)  # before any work: exit 2 naming the providers present
+        # before any work: exit 2 naming the providers present
+        tuning.require_target(target, tuning=tune, on_host=host_timer is not None)
     if progress and isinstance(model, (str, os.PathLike)):
         progress(f"load {os.fspath(model)}")
     original = load(model)
@@ -200,7 +205,8 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     context = PassContext(target=resolved,
                           shapes={k: list(v) for k, v in (shapes or {}).items()},
                           dims=dict(dims or {}), options=store,
-                          engine=EngineSettings(tune=tune, kernel_check=webgpu_kernels.check if on_ep else None),
+                          engine=EngineSettings(tune=tune, kernel_check=webgpu_kernels.check if on_ep else None,
+                                                timer=host_timer),
                           precision=tuning.precision_of(store))
     # The report's "options" keep their keys: the user's pass options and "tune".
     rep = report_mod.Report.start(original, target=target, ort_version=ort_version,

@@ -56,9 +56,11 @@ class Runner(Protocol):
         pipeline checks it; returns the model and, per pass that ran, whether it changed the graph."""
 
 
-def require_target(target: str, *, tuning: bool = True) -> None:
+def require_target(target: str, *, tuning: bool = True, on_host: bool = False) -> None:
     """--tune measures on the target: its provider must be here (exit 2 otherwise), on a device
-    whose times may choose (not a software adapter)."""
+    whose times may choose (not a software adapter); `on_host`: a DirectML host on a GPU times them."""
+    if on_host:
+        return
     refusal = runtime.timing_refusal(target) if tuning else None
     if refusal is not None:
         raise ProviderError(f"--tune on {runtime.PROVIDERS[target]}: {refusal}")
@@ -67,7 +69,7 @@ def require_target(target: str, *, tuning: bool = True) -> None:
             f"--tune needs the {runtime.PROVIDERS[target]} on this machine; providers present: "
             f"{', '.join(runtime.available_providers())} (run --tune on the target machine, or pick --target "
             f"from the providers present)"
-            + ("; a DirectML host under Wine is not used: its software timings never choose" if target == "dml" else ""))
+            + ("; a DirectML host under Wine times candidates only where its device is a GPU" if target == "dml" else ""))
 
 
 def require_validation(tune: bool, validate: bool) -> None:
@@ -123,10 +125,12 @@ def decide(opt: Option, p: DmlPass, *, tune: bool, not_runnable: str | None) -> 
     return Decision("user")  # case 5
 
 
-def not_runnable(target: str, validate_output: bool) -> str | None:
-    """Why no candidate can be run here (None: they can)."""
+def not_runnable(target: str, validate_output: bool, on_host: bool = False) -> str | None:
+    """Why no candidate can be run here (None: they can; `on_host`: a DirectML host on a GPU times them)."""
     if not validate_output:
         return "not timed: --no-validate runs nothing"
+    if on_host:
+        return None
     if not runtime.has_target(target):
         return (f"not timed: {runtime.PROVIDERS[target]} is not on this machine; run `dmlopt optimize --tune "
                 f"--target {target}` on the target machine to measure")
@@ -183,7 +187,7 @@ def steps(pass_classes: Sequence[type[DmlPass]], context: PassContext, *,
           validate_output: bool = True) -> list[Step]:
     """The options to choose, each with its `decide` decision, in the order they are decided: the
     precision first, then pipeline order."""
-    why = not_runnable(context.target.ep, validate_output)
+    why = not_runnable(context.target.ep, validate_output, on_host=context.engine.timer is not None)
     found = []
     for index, cls in enumerate(pass_classes):
         p = cls(context)
@@ -201,7 +205,7 @@ def resolve(order: Sequence[Step], original: ir.Model, context: PassContext, run
     if not order:
         return Outcome({}, [])
     if context.engine.tune:
-        require_target(context.target.ep)
+        require_target(context.target.ep, on_host=context.engine.timer is not None)
     untimed = _documented_defaults([s for s in order if s.decision.how == "default"], context)
     timed = [s for s in order if s.decision.how == "timed"]
     if not timed:
@@ -437,10 +441,12 @@ class _Tuner:
         return {i for i, cls in enumerate(self.run.passes) if cls.name == PRECISION_PASS}
 
     def time(self, builds: Mapping[str, _Build], baseline: str, what: str) -> dict[str, Any]:
-        return bench.compare({label: b.model for label, b in builds.items()}, self.context.target.ep, runs=TUNE_RUNS,
-                             warmup=TUNE_WARMUP, baseline=baseline, shapes=self.context.shapes,
-                             dims=self.context.dims, progress=self.progress,
-                             label=f"tuning {what} ({len(builds)} candidates)")
+        models = {label: b.model for label, b in builds.items()}
+        common = dict(runs=TUNE_RUNS, warmup=TUNE_WARMUP, baseline=baseline, shapes=self.context.shapes,
+                      dims=self.context.dims, progress=self.progress, label=f"tuning {what} ({len(builds)} candidates)")
+        if self.context.engine.timer is not None:  # a DirectML host on a GPU
+            return self.context.engine.timer(models, **common)
+        return bench.compare(models, self.context.target.ep, **common)
 
 
 _RESULTS = {"tuned": "tuned output", "default": "untuned default pipeline", "input": "input"}

@@ -42,6 +42,9 @@ class EngineSettings:
     # dmlopt.targets.webgpu.kernels.check), so a pass declines a fusion the EP computes wrongly
     # without running ONNX Runtime itself.
     kernel_check: Callable[[str, Mapping[str, Any]], str | None] | None = None
+    # Times tuning's candidates where the target's provider is not in this process: a DirectML host
+    # whose device is a GPU (dmlopt.targets.dml.real_ep.timer), called as bench.compare is.
+    timer: Callable[..., dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass

@@ -119,3 +119,64 @@ def test_a_software_host_is_never_timed_by_optimize(cli, fake, tmp_path):
     assert r.code == 0, r.err
     report = json.loads(r.out)
     assert not report.get("timing") and "software rendering" in report["not_timed"]
+
+
+def _relu_twice(path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    return path
+
+
+def test_bench_compare_on_a_gpu_host(cli, fake, tmp_path):
+    """`bench --ep dml --compare` on a host whose device is a GPU: each model in its own host process, A B B A."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    root = fake(saying(NVIDIA, TIMED_RELU))
+    two = _relu_twice(tmp_path / "two.onnx")
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    one = tmp_path / "one.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), one)
+    r = cli("bench", two, "--compare", one, "--ep", "dml", "--dml-host", root, "--runs", "4", "--json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["provider"] == "DmlExecutionProvider" and out["baseline"] == "two.onnx"
+    assert out["models"]["one.onnx"]["ratio"]["median"] == pytest.approx(0.5)
+    assert out["models"]["one.onnx"]["ratio"]["runs"] == 8 and "NVIDIA H100" in out["adapter"]
+    r = cli("bench", two, "--compare", one, "--ep", "dml", "--dml-host", root, "--runs", "4")
+    assert r.code == 0 and "one.onnx: x2.00 faster" in r.out and "NVIDIA H100 80GB HBM3" in r.out, r.out
+
+
+def test_bench_compare_on_a_software_host_is_refused(cli, fake, tmp_path):
+    root = fake(saying(LAVAPIPE))
+    r = cli("bench", _relu_twice(tmp_path / "a.onnx"), "--compare", identity_model(tmp_path / "b.onnx"),
+            "--ep", "dml", "--dml-host", root)
+    assert r.code == 2 and "software rendering" in r.err and "Traceback" not in r.err, r.err
+
+
+def test_tune_times_candidates_on_a_gpu_host(cli, fake, tmp_path):
+    """--tune with the host on a GPU measures every candidate there: here a LeakyRelu costs 2x, so a strategy
+    that removes it wins over the documented default (keep)."""
+    import onnx
+
+    from tests.conftest import conv_leaky_model
+
+    root = fake(saying(NVIDIA, fake_dml_host.cpu_ort(
+        "5.0 if any(n.op_type == 'LeakyRelu' for n in graph.node) else 2.5")))
+    src = tmp_path / "cnn.onnx"
+    onnx.save(conv_leaky_model(batch=1), src)
+    r = cli("optimize", src, "-o", tmp_path / "out.onnx", "--target", "dml", "--dml-host", root,
+            "--ort-version", fake_dml_host.VERSION, "--tune", "--passes", "leaky-relu", "--json", "-q")
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    (choice,) = [c for c in report["choices"] if c["option"] == "leaky_relu"]
+    assert choice["choice"] != "keep", choice
+    assert "LeakyRelu" not in {n.op_type for n in onnx.load(tmp_path / "out.onnx").graph.node}
+    assert report["timing"]["verdict"].startswith("x2.00 faster"), report["timing"]

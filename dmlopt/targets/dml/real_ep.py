@@ -24,9 +24,10 @@ from dmlopt.errors import ProviderError, UsageError
 from dmlopt.tables import format_table
 from dmlopt.targets.dml import host as host_mod
 from dmlopt.validate import compare, make_inputs, output_rows, run as run_cpu
-from dmlopt.bench import ratio_summary, ratio_text, summary as latency_summary
+from dmlopt.bench import ratio_summary, ratio_text, same_inputs, summary as latency_summary
 
-__all__ = ["RealEP", "host_line", "placement", "resolve", "time_model", "unavailable", "validate_real"]
+__all__ = ["RealEP", "host_line", "placement", "resolve", "retime", "time_model", "time_models", "timer",
+           "unavailable", "validate_real"]
 
 IN_PROCESS = "in-process"
 
@@ -172,37 +173,73 @@ def time_model(model: ir.Model, ep: RealEP, *, runs: int = 20, warmup: int = 3, 
             "note": result.host["note"]}
 
 
+def time_models(models: Mapping[str, ir.Model], ep: RealEP, feeds: Mapping[str, np.ndarray], *,
+            baseline: str | None = None, runs: int = 10, warmup: int = 3, progress=None) -> dict[str, Any]:
+    """Several models on the real EP where it is a GPU, in ``bench.compare``'s shape.
+
+    Each model runs in its own host process, in the order A B ... B A, so drift over the processes
+    hits every model alike; run i of a model is paired with run i of the baseline for its ratio.
+    A software device is refused (ProviderError): its times choose nothing."""
+    if ep.software:
+        raise ProviderError(f"the real DirectML EP here is {host_mod.SOFTWARE_NOTE}: its times compare nothing")
+    names = list(models)
+    baseline = baseline or names[0]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    sessions: dict[str, list[float]] = {n: [] for n in names}
+    placements: dict[str, dict[str, Any]] = {}
+    described: dict[str, Any] = {}
+    for index, name in enumerate(names + names[::-1]):
+        if progress:
+            progress(f"host process {index + 1}/{2 * len(names)}: {name}")
+        wanted = {v.name for v in models[name].graph.inputs}
+        result = ep.run(models[name], {k: v for k, v in feeds.items() if k in wanted}, warmup=warmup, runs=runs)
+        times[name] += list(result.run_ms)
+        sessions[name].append(result.session_ms)
+        placements[name] = result.placement
+        described = result.host
+    out: dict[str, Any] = {}
+    for name in names:
+        pairs = min(len(times[name]), len(times[baseline]))
+        ratios = [a / b for a, b in zip(times[name][:pairs], times[baseline][:pairs]) if b > 0]
+        ratio = ratio_summary(ratios)
+        out[name] = {"load_s": min(sessions[name]) / 1e3, "latency_ms": latency_summary(times[name]),
+                     "ratios": ratios, "ratio": ratio, "ratio_median": ratio["median"],
+                     "copies": placements[name].get("copies"), "placement": placements[name]}
+    return {"provider": "DmlExecutionProvider", "baseline": baseline, "models": out, "host": described,
+            "adapter": host_line(described), "inputs": {k: list(np.shape(v)) for k, v in feeds.items()},
+            "how": "each model in its own host process (A B ... B A), runs paired in order"}
+
+
 def retime(before: ir.Model, after: ir.Model, ep: RealEP, *, shapes=None, dims=None, inputs=None,
            runs: int = 10, warmup: int = 3) -> dict[str, Any]:
     """Before/after on the real EP where it is a GPU (a Wine host on a GPU's Vulkan, or Windows): the
-    report's ``timing``.  Each model runs in its own host process, in the order before, after, after,
-    before, so drift over the four processes hits both alike; run i of "after" is paired with run i of
-    "before" for the ratio.  A software device is refused (ProviderError): its times choose nothing."""
-    if ep.software:
-        raise ProviderError(f"the real DirectML EP here is {host_mod.SOFTWARE_NOTE}: optimize does not time on it")
+    report's ``timing``, from `time_models` (before, after, after, before)."""
     basis: list[str] = []
     feeds = make_inputs(before, after, shapes, dims, inputs, basis=basis)
-    times: dict[str, list[float]] = {"before": [], "after": []}
-    sessions: dict[str, list[float]] = {"before": [], "after": []}
-    models = {"before": before, "after": after}
-    placement = {}
-    for name in ("before", "after", "after", "before"):
-        result = ep.run(models[name], feeds, warmup=warmup, runs=runs)
-        times[name] += list(result.run_ms)
-        sessions[name].append(result.session_ms)
-        placement[name] = result.placement
-        described = result.host
-    pairs = min(len(times["before"]), len(times["after"]))
-    ratio = ratio_summary([a / b for a, b in zip(times["after"][:pairs], times["before"][:pairs]) if b > 0])
-    b, a = latency_summary(times["before"]), latency_summary(times["after"])
-    return {"provider": "DmlExecutionProvider", "before_ms": b["median"], "after_ms": a["median"],
-            "speedup": 1.0 / ratio["median"], "ratio_median": ratio["median"], "ratio": ratio,
-            "verdict": ratio_text(ratio), "inputs": {k: list(v.shape) for k, v in feeds.items()},
-            "input_basis": basis, "runs": pairs, "before": b, "after": a,
-            "load_s_before": min(sessions["before"]) / 1e3, "load_s_after": min(sessions["after"]) / 1e3,
-            "copies_before": placement["before"].get("copies"), "copies_after": placement["after"].get("copies"),
-            "io_binding": "none", "host": described,
-            "how": "each model in its own host process (before, after, after, before), runs paired in order"}
+    result = time_models({"before": before, "after": after}, ep, feeds, baseline="before", runs=runs, warmup=warmup)
+    b, a = result["models"]["before"], result["models"]["after"]
+    return {"provider": "DmlExecutionProvider", "before_ms": b["latency_ms"]["median"],
+            "after_ms": a["latency_ms"]["median"], "speedup": 1.0 / a["ratio_median"],
+            "ratio_median": a["ratio_median"], "ratio": a["ratio"], "verdict": ratio_text(a["ratio"]),
+            "inputs": result["inputs"], "input_basis": basis, "runs": a["ratio"]["runs"],
+            "before": b["latency_ms"], "after": a["latency_ms"], "load_s_before": b["load_s"],
+            "load_s_after": a["load_s"], "copies_before": b["copies"], "copies_after": a["copies"],
+            "io_binding": "none", "host": result["host"], "how": result["how"]}
+
+
+def timer(ep: RealEP | None):
+    """`time_models` bound to `ep` as tuning times candidates (``tune.Timer``), or None where `ep` is no
+    GPU: no host, or a software device."""
+    if ep is None or ep.software:
+        return None
+
+    def time_on_host(models, *, baseline, runs, warmup, shapes=None, dims=None, progress=None, label=None):
+        feeds, basis = same_inputs(models, shapes, dims)
+        if progress and label:
+            progress(f"{label} on the real DirectML EP (ORT {ep.version})")
+        return {**time_models(models, ep, feeds, baseline=baseline, runs=runs, warmup=warmup, progress=progress),
+                "input_basis": basis}
+    return time_on_host
 
 
 def time_table(result: Mapping[str, Any]) -> str:
