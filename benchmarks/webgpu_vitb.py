@@ -45,7 +45,11 @@ def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
 def variants(args) -> dict[str, dict]:
     # fp16_repair off: the repair replays validation many times (minutes on ViT-B); the row says whether the
     # float16 model as written passes dmlopt's validation.
-    out = {"dmlopt webgpu fp32": {}, "dmlopt webgpu fp16": {"fp16": True, "fp16_repair": False, "validate": args.validate_fp16}}
+    out = {"dmlopt webgpu fp32": {}, "dmlopt webgpu fp16": {"fp16": True, "fp16_repair": False, "validate": args.validate_fp16},
+           # every op in float16, WebGPU's inaccurate float16 matrix products too (registry.FP16_KEEP_FLOAT32)
+           "dmlopt webgpu fp16 every op": {"fp16": True, "fp16_target_keep": False, "validate": False}}
+    for ops in args.fp16_keep:  # float16 with these op types kept in float32: where the EP's error comes from
+        out[f"dmlopt webgpu fp16 keep {ops} fp32"] = {"fp16": True, "fp16_keep_ops": ops, "validate": False}
     if args.variants:
         # Explorations, not validated (their rel L2 on the EP is in the table).
         explore = {
@@ -111,6 +115,8 @@ def main(argv=None) -> int:
     parser.add_argument("--validate-fp16", action="store_true",
                         help="validate the fp16 row (on the CPU EP and the WebGPU EP: minutes when it fails)")
     parser.add_argument("--profile-out", default=None)
+    parser.add_argument("--fp16-keep", action="append", default=[], metavar="OPS",
+                        help="add a float16 row keeping these comma-separated op types in float32 (repeatable)")
     args = parser.parse_args(argv)
     runtime.resolve_ep("webgpu")
     chosen, why = adapter.chosen()

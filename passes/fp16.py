@@ -51,6 +51,7 @@ import onnx_ir as ir
 
 from dmlopt.graph_check import has_subgraphs
 from dmlopt.passes._base import DmlPass, Option
+from dmlopt.targets.webgpu import registry as webgpu_registry
 
 HALF, FULL = ir.DataType.FLOAT16, ir.DataType.FLOAT
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -100,6 +101,8 @@ class Fp16Pass(DmlPass):
         Option("keep_io_types", True, "keep float32 graph inputs and outputs (Casts at the boundary)", type=bool),
         Option("fp16_keep_ops", "", "comma-separated op types to keep in float32, e.g. Pow,ReduceMean"),
         Option("fp16_keep_nodes", "", "comma-separated node names to keep in float32"),
+        Option("fp16_target_keep", True, "keep in float32 the ops whose float16 kernels on the target lose "
+                                         "accuracy (WebGPU: Gemm, MatMul, Conv, measured on an H100)", type=bool),
         # Read by the engine (dmlopt/fp16_repair.py), not by the conversion: a pass cannot run ORT.
         Option("fp16_repair", True, "when float16 fails validation, keep in float32 the nodes that need it "
                                     "(overflow detection, then bisection) instead of refusing", type=bool),
@@ -141,6 +144,9 @@ class _Converter:
         self.graph = model.graph
         self.keep_io = bool(owner.option("keep_io_types"))
         self.keep_ops = _names(owner.option("fp16_keep_ops"))
+        ep = owner.context.target.ep
+        self.target_keep = (frozenset(webgpu_registry.fp16_keep_float32(ep)) - self.keep_ops
+                            if owner.option("fp16_target_keep") else frozenset())
         self.keep_nodes = _names(owner.option("fp16_keep_nodes"))
         self.plans: dict[ir.Node, NodePlan] = {}
         self.casts = 0
@@ -181,6 +187,9 @@ class _Converter:
             return plan, ""  # nothing float32 here: nothing to convert or keep
         if node.op_type in self.keep_ops:
             return plan, f"{node.op_type} kept in float32 (--fp16-keep-ops)"
+        if node.op_type in self.target_keep and node.domain in ("", "ai.onnx"):
+            return plan, (f"{node.op_type} kept in float32: the {self.owner.context.target.ep} EP's float16 "
+                          f"{node.op_type} loses accuracy (--no-fp16-target-keep converts it)")
         if node.name in self.keep_nodes:
             return plan, "kept in float32 (--fp16-keep-nodes)"
         if has_subgraphs(node):
