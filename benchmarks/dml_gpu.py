@@ -96,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-sam", action="store_true")
     ap.add_argument("--skip-cnn", action="store_true")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the SAM table, ORT's profile of dmlopt's SAM on the host (ORT 1.24+)")
     args = ap.parse_args(argv)
     ep = real_ep.resolve(args.dml_host, args.ort_version, required=True, what="this benchmark")
     print(real_ep.host_line(ep.describe()), flush=True)
@@ -126,6 +128,11 @@ def main(argv=None) -> int:
         results["sam"] = measure(models, ep, feeds, args.runs)
         table(f"SAM ViT-B 1024 (dynamic batch export, batch 1) on the real DirectML EP, ORT {ep.version}",
               results["sam"], software)
+        if args.profile:  # where DirectML's time goes: CPU-side node times, the compiled partition as one node
+            profiled = real_ep.time_model(models["dmlopt --target dml"], ep, runs=5, warmup=2, dims={"batch": 1},
+                                          profile=True)
+            results["sam_profile"] = profiled.get("profile")
+            print("\nprofile of dmlopt --target dml:\n" + real_ep.time_table(profiled), flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0

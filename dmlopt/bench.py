@@ -432,12 +432,17 @@ def profile_table(profile: Mapping[str, Any] | None, provider: str, *, top_ops: 
         rows.append((op, entry["nodes"], f"{entry['ms']:.3f}", f"{100 * entry['ms'] / total:.1f}%"))
     rows.append(("total", sum(e["nodes"] for e in profile["op_time_ms"].values()), f"{profile['kernel_ms']:.3f}",
                  "100%"))
-    text = (f"node time by op type (ORT profile, mean of {profile['profiled_runs']} warm-up run(s)):\n"
+    text = (f"node time by op type (ORT profile, mean of {profile['profiled_runs']} profiled run(s) after the "
+            "first):\n"
             + format_table(rows))
     rows = [("node", "op", "provider", "ms")]
     for n in profile["slowest_nodes"]:
         rows.append((n["node"][:60], n["op"], n["provider"].replace("ExecutionProvider", ""), f"{n['ms']:.3f}"))
     text += "\nslowest nodes:\n" + format_table(rows)
+    if provider == "DmlExecutionProvider":
+        text += ("\nnote: DirectML records each node's work for the GPU's queue: these times are CPU-side "
+                 "recording and submission (a compiled partition, DmlFusedNode, is one node); the run's latency "
+                 "is the GPU figure")
     if provider == "CUDAExecutionProvider" and os.environ.get("CUDA_LAUNCH_BLOCKING") != "1":
         text += ("\nnote: the CUDA EP launches kernels asynchronously: these times are launches, not kernels; "
                  "run with CUDA_LAUNCH_BLOCKING=1 to have each node's time include its kernel")

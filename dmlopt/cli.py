@@ -660,12 +660,14 @@ def _bench_real_dml(args, shapes, dims) -> int:
     """bench --ep dml on the Wine host: each model in its own host process; the report names the device.
     --compare runs where the host's device is a GPU (a software device's times compare nothing)."""
     ep = real_ep.resolve(args.dml_host, args.ort_version, required=True, what="bench --ep dml")
-    refused = [flag for flag, on in (("--tune-ep", args.tune_ep), ("--profile", args.profile),
-                                     ("--cuda-graph", args.cuda_graph), ("--provider-option", args.provider_option),
+    refused = [flag for flag, on in (("--tune-ep", args.tune_ep), ("--cuda-graph", args.cuda_graph),
+                                     ("--provider-option", args.provider_option),
                                      ("--disable-metacommands", args.disable_metacommands)) if on]
     if refused:
         raise UsageError(f"{refused[0]} is not available with the DirectML host under Wine (its runner takes "
-                         "no provider options and writes no profile)")
+                         "no provider options)")
+    if args.profile and args.compare:
+        raise UsageError("--profile on the DirectML host profiles one model: drop --compare")
     progress = _progress(args)
     if args.compare and _same_file_content(args.model, args.compare) and not runtime.has_external_data(load(args.model)):
         print(f"identical models: {printable(args.model)} and {printable(args.compare)} hold the same bytes; "
@@ -687,7 +689,7 @@ def _bench_real_dml(args, shapes, dims) -> int:
     with ticking(progress, f"bench {printable(os.path.basename(args.model))} on the real DirectML EP "
                            f"(ORT {ep.version}, {args.warmup} warm-up + {args.runs} runs, one host process)"):
         out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes,
-                                 dims=dims)
+                                 dims=dims, profile=args.profile)
     print(json_text(out) if args.json else real_ep.time_table(printable_tree(out)))
     return EXIT_OK
 

@@ -313,3 +313,76 @@ def test_safe_names_leave_optional_outputs_absent():
     outputs = list(ir.serde.serialize_model(names.model).graph.node[0].output)
     assert outputs[1] == "" and all(o.startswith(names.prefix) for o in (outputs[0], outputs[2]))
     assert sorted(names.outputs.values()) == ["inv", "y"] and names.inputs == {"x": names.model.graph.inputs[0].name}
+
+
+# -- ORT's profile of a host run (bench --ep dml --profile) ------------------------------------------
+
+def _profiling(events_text: str) -> str:
+    """The echo host that also writes `events_text` where ORT writes its profile (the job's prefix)."""
+    return fake_dml_host.ECHO + (
+        "prefix = job['session'].get('profile')\n"
+        "if prefix:\n"
+        f"    pathlib.Path(linux(prefix) + '_2026-12-06.json').write_text({events_text!r})\n")
+
+
+GOOD_EVENTS = """[{"cat": "Session", "name": "model_run", "ts": 0, "dur": 900},
+ {"cat": "Node", "name": "id_kernel_time", "ts": 10, "dur": 700,
+  "args": {"op_name": "Identity", "provider": "DmlExecutionProvider"}},
+ {"cat": "Session", "name": "model_run", "ts": 1000, "dur": 900},
+ {"cat": "Node", "name": "id_kernel_time", "ts": 1010, "dur": 500,
+  "args": {"op_name": "Identity", "provider": "DmlExecutionProvider", "extra": {"deep": [1]}}},
+ {"cat": "Node", "name": 5, "dur": "x"}, "not an event"]"""
+
+
+def test_bench_profile_reads_the_hosts_profile_as_untrusted(cli, fake, tmp_path):
+    import json
+
+    root = fake(_profiling(GOOD_EVENTS))
+    m = identity_model(tmp_path / "m.onnx")
+    r = cli("bench", m, "--ep", "dml", "--dml-host", root, "--profile", "--runs", "2", "--json")
+    assert r.code == 0, r.err
+    profile = json.loads(r.out)["profile"]
+    assert profile["op_time_ms"] == {"Identity": {"ms": 0.5, "nodes": 1}}, profile  # the runs after the first
+    assert [n["node"] for n in profile["slowest_nodes"]] == ["id"]  # the model's own node name again
+    r = cli("bench", m, "--ep", "dml", "--dml-host", root, "--profile", "--runs", "2")
+    assert r.code == 0 and "CPU-side recording and submission" in r.out, r.out
+
+
+@pytest.mark.parametrize("events_text, said", [("{\"a\": 1}", "not a list of profile events"),
+                                                ("[1, 2", "is not JSON")])
+def test_a_bad_profile_is_one_line_naming_the_host(cli, fake, tmp_path, events_text, said):
+    root = fake(_profiling(events_text))
+    m = identity_model(tmp_path / "m.onnx")
+    r = cli("bench", m, "--ep", "dml", "--dml-host", root, "--profile", "--runs", "1")
+    line = one_error_line(r.err)
+    assert r.code == 2 and said in line and "answered badly" in line, r.err
+
+
+def test_a_host_that_writes_no_profile_says_which_versions_do(cli, fake, tmp_path):
+    root = fake()
+    m = identity_model(tmp_path / "m.onnx")
+    r = cli("bench", m, "--ep", "dml", "--dml-host", root, "--profile", "--runs", "1")
+    assert r.code == 0 and "wrote no profile" in r.out and "from 1.24" in r.out, r.out
+    r = cli("bench", m, "--ep", "dml", "--dml-host", root, "--profile", "--compare", identity_model(tmp_path / "o.onnx",
+            shape=(2, 3), name_out="z"))
+    assert r.code == 2 and "drop --compare" in one_error_line(r.err)
+
+
+@pytest.mark.dml_host
+def test_the_real_host_profiles_from_ort_1_24(dml_host):
+    from dmlopt.targets.dml import real_ep
+    import onnx_ir as ir
+    from tests.conftest import conv_leaky_model
+
+    model = ir.from_proto(conv_leaky_model(batch=1))
+    for version in dml_host.versions:
+        out = real_ep.time_model(model, real_ep.resolve(dml_host.root, version), runs=2, warmup=1, profile=True)
+        if host_version_at_least(version, (1, 24)):
+            assert out["profile"]["nodes_by_provider"].get("DmlExecutionProvider"), (version, out["profile"])
+            assert "StringNormalizer" not in out["profile"]["op_time_ms"]  # dmlopt's placement probe left out
+        else:
+            assert out["profile"] is None and "from 1.24" in out["profile_missing"]
+
+
+def host_version_at_least(version: str, wanted: tuple[int, int]) -> bool:
+    return tuple(int(p) for p in version.split(".")[:2]) >= wanted

@@ -56,6 +56,9 @@ HOW_TO = ("to run the real DirectML EP here, make a DirectML host (a folder with
           f"builds and Vulkan) with {SETUP}, and pass --dml-host DIR (or set {ENV_VAR}=DIR)")
 MAX_TIMEOUT_S = 7 * 24 * 3600  # `timeout` and Popen.wait both take it; a larger one is a typo
 RESULT_BYTES = 2**20  # the runner's result.json: times and a list of outputs
+PROFILE_PREFIX = "ort_profile"  # ORT's profile of a host run: <prefix>_<date>.json in the run's folder
+PROFILE_BYTES = 2**26
+PROFILE_EVENTS = 200_000
 SOFTWARE_NOTE = "software rendering: not GPU speed"
 RUNNER = pathlib.Path(__file__).with_name("runner.js")
 TOOLS = ("wine", "xvfb-run", "timeout")
@@ -180,10 +183,10 @@ class Host:
 
     def run(self, model: ir.Model, feeds: Mapping[str, np.ndarray], version: str, *, level: str = "all",
             fusion: bool = True, list_nodes: bool = True, warmup: int = 0, runs: int = 1,
-            timeout: float | None = None) -> "HostRun":
+            timeout: float | None = None, profile: bool = False) -> "HostRun":
         """Run `model` once per warm-up and timed run on the real DirectML EP of ORT `version`."""
         return run(self, model, feeds, version, level=level, fusion=fusion, list_nodes=list_nodes,
-                   warmup=warmup, runs=runs, timeout=timeout)
+                   warmup=warmup, runs=runs, timeout=timeout, profile=profile)
 
 
 @functools.lru_cache(maxsize=None)
@@ -259,6 +262,7 @@ class HostRun:
     placement: dict[str, Any]
     host: dict[str, Any]
     rename: Callable[[str], str] = str
+    profile: list[dict[str, Any]] | None = None  # ORT's profile events (run(profile=True), ORT 1.24+)
 
     @property
     def nodes(self) -> list[dict[str, str]]:
@@ -307,7 +311,8 @@ def with_probe(model: ir.Model) -> ir.Model | None:
 
 def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: str, *, level: str = "all",
         fusion: bool = True, list_nodes: bool = True, warmup: int = 0, runs: int = 1,
-        timeout: float | None = None, trace_device: bool = False, describe_host: bool = True) -> HostRun:
+        timeout: float | None = None, trace_device: bool = False, describe_host: bool = True,
+        profile: bool = False) -> HostRun:
     """`trace_device`: vkd3d traces its device choice into the log (dmlopt.targets.dml.adapter);
     `describe_host=False`: the run's `host` is left empty (the device probe's own run)."""
     limit = timeout_s(timeout)
@@ -328,7 +333,8 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
         job = {"ort": windows_path(host.package(version)), "model": windows_path(path), "inputs": inputs,
                "strings": [[f"{PROBE_NODE}_in", [1]]] if probed is not None else [],
                "outputs_dir": windows_path(tmp / "out"), "result": windows_path(tmp / "result.json"),
-               "session": {"optLevel": level, "disableFusion": not fusion, "verbose": True},
+               "session": {"optLevel": level, "disableFusion": not fusion, "verbose": True,
+                           **({"profile": windows_path(tmp / PROFILE_PREFIX)} if profile else {})},
                "warmup": int(warmup), "runs": int(runs)}
         (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
         log_path = tmp / "log.txt"
@@ -348,6 +354,7 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
                                                                         outputs=list(wanted))
             if answer is not None and answer["ok"]:
                 outputs = host_answer.read_outputs(tmp / "out", answer, wanted)
+                events = _read_profile(tmp, names.original) if profile else None
         except host_answer.HostAnswerError as e:
             raise host_answer.HostAnswerError(f"{where} answered badly: {e}") from None
         if answer is None or not answer["ok"]:
@@ -362,7 +369,7 @@ def run(host: Host, model: ir.Model, feeds: Mapping[str, np.ndarray], version: s
                    warmup_ms=answer["warmup_ms"], run_ms=answer["run_ms"], log=log,
                    placement=placement_summary(log, names.original),
                    host=host.describe(version) if describe_host else {},
-                   rename=names.original)
+                   rename=names.original, profile=events)
 
 
 def _expected_outputs(model: ir.Model) -> dict[str, tuple[np.dtype | None, list]]:
@@ -443,24 +450,48 @@ def _launch(host: Host, version: str, job: pathlib.Path, log_path: pathlib.Path,
                 proc.wait()
 
 
-def _read_result(path: pathlib.Path) -> Any:
-    """result.json parsed (None when there is none); a file that is not JSON, too large, deeply
-    nested or not a regular file is a HostAnswerError (host_answer checks what it holds)."""
+def _read_result(path: pathlib.Path, limit: int = RESULT_BYTES) -> Any:
+    """A JSON file of the host run (result.json, ORT's profile) parsed (None when there is none); a file
+    that is not JSON, too large, deeply nested or not a regular file is a HostAnswerError (the callers
+    check what it holds)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise host_answer.HostAnswerError(f"result.json cannot be read ({e.strerror or e})") from None
+        raise host_answer.HostAnswerError(f"{path.name} cannot be read ({e.strerror or e})") from None
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > RESULT_BYTES:
-            raise host_answer.HostAnswerError(f"result.json is not a regular file of at most {RESULT_BYTES} bytes")
-        data = f.read(RESULT_BYTES + 1)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            raise host_answer.HostAnswerError(f"{path.name} is not a regular file of at most {limit} bytes")
+        data = f.read(limit + 1)
     try:
         return json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:
-        raise host_answer.HostAnswerError(f"result.json is not JSON ({printable(str(e), 200)})") from None
+        raise host_answer.HostAnswerError(f"{path.name} is not JSON ({printable(str(e), 200)})") from None
+
+
+def _read_profile(folder: pathlib.Path, original: Callable[[str], str]) -> list[dict[str, Any]] | None:
+    """ORT's profile of the run (onnxruntime-node 1.24+ writes one; None where it wrote none), each
+    event checked as untrusted (the fields dmlopt reads, of their types) and named with the model's
+    own names again."""
+    found = sorted(folder.glob(f"{PROFILE_PREFIX}*.json"))
+    if not found:
+        return None
+    events = _read_result(found[0], PROFILE_BYTES)
+    if not isinstance(events, list):
+        raise host_answer.HostAnswerError(f"{found[0].name} is not a list of profile events")
+    kept = []
+    for e in events[:PROFILE_EVENTS]:
+        if not (isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("cat"), str)
+                and not e["name"].startswith(PROBE_NODE)
+                and isinstance(e.get("dur", 0), (int, float)) and isinstance(e.get("ts", 0), (int, float))):
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        kept.append({"cat": e["cat"][:40], "name": original(e["name"][:400]), "dur": float(e.get("dur", 0)),
+                     "ts": float(e.get("ts", 0)),
+                     "args": {k: v[:200] for k, v in args.items() if k in ("op_name", "provider") and isinstance(v, str)}})
+    return kept
 
 
 FAILURE = re.compile(r"\[E:onnxruntime[^\]]*\]\s*(.*)|(page fault.*)|(Unhandled exception.*)|"

@@ -24,7 +24,8 @@ from dmlopt.errors import ProviderError, UsageError
 from dmlopt.tables import format_table
 from dmlopt.targets.dml import host as host_mod
 from dmlopt.validate import compare, make_inputs, output_rows, run as run_cpu
-from dmlopt.bench import ratio_summary, ratio_text, same_inputs, summary as latency_summary
+from dmlopt.bench import (profile_summary, profile_table, ratio_summary, ratio_text, same_inputs,
+                          summary as latency_summary)
 
 __all__ = ["RealEP", "host_line", "placement", "resolve", "retime", "time_model", "time_models", "timer",
            "unavailable", "validate_real"]
@@ -50,10 +51,10 @@ class RealEP:
         return bool(self.describe()["software"])
 
     def run(self, model: ir.Model, feeds: Mapping[str, np.ndarray], *, level: str = "all",
-            list_nodes: bool = True, warmup: int = 0, runs: int = 1) -> host_mod.HostRun:
+            list_nodes: bool = True, warmup: int = 0, runs: int = 1, profile: bool = False) -> host_mod.HostRun:
         if self.host is not None:
             return self.host.run(model, feeds, self.version, level=level, list_nodes=list_nodes,
-                                 warmup=warmup, runs=runs)
+                                 warmup=warmup, runs=runs, profile=profile)
         return _run_in_process(model, feeds, level=level, warmup=warmup, runs=runs, described=self.describe())
 
 
@@ -162,15 +163,22 @@ def placement_line(p: Mapping[str, Any]) -> str:
 
 
 def time_model(model: ir.Model, ep: RealEP, *, runs: int = 20, warmup: int = 3, shapes=None,
-               dims=None) -> dict[str, Any]:
+               dims=None, profile: bool = False) -> dict[str, Any]:
     """Session creation and latency of `model` on the real EP, in one process; a software device's
-    times are labelled and carry no speed claim."""
+    times are labelled and carry no speed claim.  `profile`: ORT's profile of the runs, summarised
+    as `bench --profile` does (the host's node binding writes one from ORT 1.24)."""
     feeds = runtime.random_inputs(runtime.input_specs(model, shapes, dims))
-    result = ep.run(model, feeds, warmup=warmup, runs=runs)
-    return {"provider": "DmlExecutionProvider", "host": result.host, "software": bool(result.host["software"]),
-            "session_ms": result.session_ms, "warmup_ms": result.warmup_ms, "runs": runs,
-            "latency_ms": latency_summary(result.run_ms), "placement": result.placement,
-            "note": result.host["note"]}
+    result = ep.run(model, feeds, warmup=warmup, runs=runs, profile=profile)
+    out = {"provider": "DmlExecutionProvider", "host": result.host, "software": bool(result.host["software"]),
+           "session_ms": result.session_ms, "warmup_ms": result.warmup_ms, "runs": runs,
+           "latency_ms": latency_summary(result.run_ms), "placement": result.placement,
+           "note": result.host["note"]}
+    if profile:
+        out["profile"] = profile_summary(result.profile) if result.profile else None
+        if out["profile"] is None:
+            out["profile_missing"] = (f"ONNX Runtime {ep.version}'s node binding wrote no profile (onnxruntime-node "
+                                      "writes one from 1.24: --ort-version)")
+    return out
 
 
 def time_models(models: Mapping[str, ir.Model], ep: RealEP, feeds: Mapping[str, np.ndarray], *,
@@ -253,6 +261,10 @@ def time_table(result: Mapping[str, Any]) -> str:
              f"{lat['min']:.2f} ms")]
     lines.append(format_table(rows))
     lines.append(placement_line(result["placement"]))
+    if result.get("profile"):
+        lines.append(profile_table(result["profile"], "DmlExecutionProvider"))
+    elif result.get("profile_missing"):
+        lines.append(f"profile: none ({result['profile_missing']})")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@
 // Why files: Windows node.exe under Wine cannot write to a pipe (EBADF), so its stdout/stderr go to a file,
 // which is also where ONNX Runtime's verbose log (placements, Memcpy nodes) lands; host.py parses it.
 // JOB: {ort: dir of onnxruntime-node, model, inputs: [[name, file.npy]], strings: [[name, [dims]]],
-//       outputs_dir, result, session: {optLevel, disableFusion, verbose}, warmup, runs}
+//       outputs_dir, result, session: {optLevel, disableFusion, verbose, profile: file prefix}, warmup, runs}
 // Names travel as arrays of pairs, never as object keys ('__proto__' is not a key in JavaScript);
 // host.py renames every value and node of the model to safe names for the run anyway (host_names.py).
 // RESULT: {ok, ort_version, session_ms, warmup_ms: [], run_ms: [], outputs: [{name, file, dtype, shape}],
@@ -71,6 +71,7 @@ function sessionOptions(s) {
     logVerbosityLevel: 0,
   };
   if (s.disableFusion) so.extra = { ep: { dml: { disable_graph_fusion: '1' } } };
+  if (s.profile) { so.enableProfiling = true; so.profileFilePrefix = s.profile; }
   return so;
 }
 
@@ -108,6 +109,7 @@ async function main() {
       npySave(path.join(job.outputs_dir, file), tensor);
       result.outputs.push({ name, file, dtype: tensor.type, shape: tensor.dims.map(Number) });
     }
+    if (job.session.profile && session.endProfiling) session.endProfiling();  // ORT 1.24+ writes the file
     if (session.release) await session.release();
     result.ok = true;
   } catch (e) {
