@@ -30,7 +30,7 @@ if [ -z "$installed" ] || dpkg --compare-versions "$installed" lt 25; then
 fi
 pip install -q -e ".[webgpu]"
 python - <<'PY'
-from dmlopt import runtime
+from dmlopt.runtime import sessions as runtime
 missing = runtime.webgpu_missing()
 print("WebGPU EP:", "ready" if missing is None else f"not usable ({missing})")
 PY

@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 import onnx_ir as ir  # noqa: E402
 
 import dmlopt  # noqa: E402
-from dmlopt import bench, runtime  # noqa: E402
-from dmlopt.tables import format_table  # noqa: E402
-from dmlopt.validate import validate  # noqa: E402
+from dmlopt.runtime import bench, sessions as runtime  # noqa: E402
+from dmlopt.io.tables import format_table  # noqa: E402
+from dmlopt.runtime.validate import validate  # noqa: E402
 
 MHA = "com.microsoft.MultiHeadAttention"
 DMLOPT_VARIANTS = {  # name -> (passes, options); dmlopt runs with --target dml

@@ -3,7 +3,7 @@
     python benchmarks/cnn.py                               # CPU EP, 256x256 and 540x960
     python benchmarks/cnn.py --ep cuda --sizes 256x256,1080x1920 --runs 20
 
-Per input size, one run of ``dmlopt.bench.compare`` times in alternation (A B ..., then reversed)
+Per input size, one run of ``dmlopt.runtime.bench.compare`` times in alternation (A B ..., then reversed)
 the original model, its Relu twin (same layers, Relu: the form DirectML fuses) and each
 rewrite, so every ratio comes from rounds timed side by side.  "vs original" is the median of
 the per-round ratios to the original, "vs Relu twin" the median of the per-round ratios to the
@@ -24,9 +24,9 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import dmlopt  # noqa: E402
-from dmlopt import bench, runtime  # noqa: E402
-from dmlopt.graph_check import op_counts  # noqa: E402
-from dmlopt.tables import format_table  # noqa: E402
+from dmlopt.runtime import bench, sessions as runtime  # noqa: E402
+from dmlopt.graph.check import op_counts  # noqa: E402
+from dmlopt.io.tables import format_table  # noqa: E402
 from models.cnn import build_cnn, build_cnn_relu  # noqa: E402
 
 ORIGINAL, TWIN = "original (LeakyRelu)", "Relu twin"

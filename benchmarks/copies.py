@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import dmlopt  # noqa: E402
-from dmlopt import runtime  # noqa: E402
+from dmlopt.runtime import sessions as runtime  # noqa: E402
 from dmlopt.targets.dml import emulate, placement
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"

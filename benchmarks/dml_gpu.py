@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import dmlopt  # noqa: E402
-from dmlopt import runtime  # noqa: E402
-from dmlopt.tables import format_table  # noqa: E402
+from dmlopt.runtime import sessions as runtime  # noqa: E402
+from dmlopt.io.tables import format_table  # noqa: E402
 from dmlopt.targets.dml import real_ep  # noqa: E402
-from dmlopt.validate import run as run_cpu  # noqa: E402
+from dmlopt.runtime.validate import run as run_cpu  # noqa: E402
 
 SAM_VARIANTS = {
     "dmlopt --target dml": {},

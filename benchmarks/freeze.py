@@ -177,7 +177,7 @@ def census(path: pathlib.Path) -> dict:
     dynamic = sum(1 for v in values if v.shape is None or not all(isinstance(d, int) for d in v.shape.dims))
     return {"nodes": len(nodes), "compute": sum(n.op_type != "Constant" for n in nodes),
             "shape_ops": sum(n.op_type in ("Shape", "Size") for n in nodes), "dynamic": dynamic,
-            "bytes": path.stat().st_size + sum(f.stat().st_size for f in dmlopt.model.external_data_files(path))}
+            "bytes": path.stat().st_size + sum(f.stat().st_size for f in dmlopt.io.model.external_data_files(path))}
 
 
 def session_times(paths: dict[str, pathlib.Path], rounds: int) -> tuple[dict[str, float], dict[str, float]]:
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     tools = [t for t in TOOLS if available(t)]
     missing = [t for t in TOOLS if t not in tools]
 
-    from dmlopt.tables import format_table
+    from dmlopt.io.tables import format_table
 
     rows = [("model", "tool", "nodes", "compute", "x dmlopt", "Shape/Size", "dyn values", "optimize s", "x dmlopt",
              "peak MB", "file KB", "x input", "session ms", "x dmlopt", "cpu ms", "x dmlopt", "numerics")]

@@ -60,7 +60,7 @@ def status_kb(field: str) -> int:
 
 def tuning_worker(row: str, source: str, dest: str) -> dict:
     """One tuning row: the peak's growth during the call (Linux: VmHWM reset after the imports)."""
-    from dmlopt import cli
+    from dmlopt.cli import commands as cli
 
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -87,7 +87,7 @@ def worker(row: str, source: str, dest: str) -> dict:
         proto = onnxscript.optimizer.optimize(onnx.load(source))
         onnx.save(proto, dest)
     else:
-        from dmlopt import cli
+        from dmlopt.cli import commands as cli
 
         t0 = time.perf_counter()
         code = cli.main(["optimize", source, "-o", dest, "-q", *ROWS[row]])
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--channels", type=int, default=512, help="the CNN's width with --tuning (default 512)")
     args = parser.parse_args(argv)
 
-    from dmlopt.validate import format_table
+    from dmlopt.runtime.validate import format_table
 
     if args.tuning:
         return tuning(args.channels, format_table)

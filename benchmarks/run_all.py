@@ -7,7 +7,7 @@
 For each bundled model the optimizer runs once for ``--target dml --ort-version 1.14`` (what a
 user ships to the oldest runtime the placement model knows), then,
 per provider, the original and the optimized model are timed in alternation in this one run
-(``dmlopt.bench.compare``): the speedup is the median of the per-pair ratios, never two medians
+(``dmlopt.runtime.bench.compare``): the speedup is the median of the per-pair ratios, never two medians
 taken apart.  Copies are counted from ORT's profile on that provider; "DML 1.14 CPU/copies" is
 the placement model's prediction for DirectML in ORT 1.14 (no DirectML on Linux).  With CUDA
 present, the dynamic SAM is also timed as DirectML 1.14 would split it (``--emulate``): CPU
@@ -28,10 +28,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dmlopt  # noqa: E402
-from dmlopt import bench, runtime  # noqa: E402
+from dmlopt.runtime import bench, sessions as runtime  # noqa: E402
 from dmlopt.targets.dml import emulate
-from dmlopt.demo import bundled_path  # noqa: E402
-from dmlopt.tables import format_table  # noqa: E402
+from dmlopt.cli.demo import bundled_path  # noqa: E402
+from dmlopt.io.tables import format_table  # noqa: E402
 
 PREDICT_ORT = "1.14"
 # label, bundled file, dmlopt.optimize keywords (besides target="dml")

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import dmlopt  # noqa: E402
-from dmlopt import bench, runtime  # noqa: E402
-from dmlopt.tables import format_table  # noqa: E402
+from dmlopt.runtime import bench, sessions as runtime  # noqa: E402
+from dmlopt.io.tables import format_table  # noqa: E402
 
 EXPORT = "export fp32"
 

@@ -1,4 +1,4 @@
-"""Measurements behind validation's rule (dmlopt.validate): what honest float16 rounding and
+"""Measurements behind validation's rule (dmlopt.runtime.validate): what honest float16 rounding and
 honest float32 rewrites score on each metric, and what wrong outputs score.
 
     python benchmarks/validation_rule.py [--img 448] [--work DIR]
@@ -6,7 +6,7 @@ honest float32 rewrites score on each metric, and what wrong outputs score.
 Models: SAM ViT-B's encoder (Meta's ImageEncoderViT, ViT-B hyperparameters, seeded weights, at
 --img pixels), the bundled small SAM and super-resolution CNN.  For each: the float32 export
 against itself optimized for DirectML (float32) and with --fp16, run as float16 hardware rounds
-(dmlopt.validate.with_float16_rounding) and as ORT's CPU EP runs it; then wrong outputs made from
+(dmlopt.runtime.validate.with_float16_rounding) and as ORT's CPU EP runs it; then wrong outputs made from
 the reference (all zeros, sign flipped, permuted, scaled by 1.05, one element off by the range).
 Printed per case: relative L2, max abs / the reference's range, cosine, and the verdict.
 """
@@ -24,9 +24,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import dmlopt  # noqa: E402
-from dmlopt import runtime  # noqa: E402
-from dmlopt.tables import format_table  # noqa: E402
-from dmlopt.validate import compare, make_inputs, run  # noqa: E402
+from dmlopt.runtime import sessions as runtime  # noqa: E402
+from dmlopt.io.tables import format_table  # noqa: E402
+from dmlopt.runtime.validate import compare, make_inputs, run  # noqa: E402
 
 
 def export_vit_b(work: pathlib.Path, img: int) -> pathlib.Path:

@@ -3,7 +3,7 @@
     python benchmarks/webgpu.py                      # CNN7 (256x256) and the bundled small SAM
     python benchmarks/webgpu.py --vit-b --runs 10    # + SAM ViT-B 1024 (exported here: minutes)
 
-Every group is one run of ``dmlopt.bench.compare`` on WebGpuExecutionProvider: the models timed in
+Every group is one run of ``dmlopt.runtime.bench.compare`` on WebGpuExecutionProvider: the models timed in
 alternation (A B ..., then reversed), ratios are medians of per-round ratios to the group's
 baseline (the export), outputs read back to the host so a run includes the GPU's work.  Beside the
 times: the nodes ORT runs on each provider and its CPU<->GPU copies (measured from the EP's log),
@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import dmlopt  # noqa: E402
-from dmlopt import bench, runtime  # noqa: E402
-from dmlopt.tables import format_table  # noqa: E402
-from dmlopt.validate import run as run_model  # noqa: E402
-from dmlopt import vulkan as adapter  # noqa: E402
+from dmlopt.runtime import bench, sessions as runtime  # noqa: E402
+from dmlopt.io.tables import format_table  # noqa: E402
+from dmlopt.runtime.validate import run as run_model  # noqa: E402
+from dmlopt.runtime import vulkan as adapter  # noqa: E402
 from dmlopt.targets.webgpu import placement  # noqa: E402
 from models.cnn import build_cnn, build_cnn_relu  # noqa: E402
 

@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import dmlopt  # noqa: E402
-from dmlopt import bench, runtime  # noqa: E402
-from dmlopt import vulkan as adapter  # noqa: E402
-from dmlopt.tables import format_table  # noqa: E402
-from dmlopt.validate import run as run_model  # noqa: E402
+from dmlopt.runtime import bench, sessions as runtime  # noqa: E402
+from dmlopt.runtime import vulkan as adapter  # noqa: E402
+from dmlopt.io.tables import format_table  # noqa: E402
+from dmlopt.runtime.validate import run as run_model  # noqa: E402
 
 EXPORT = "export fp32"
 

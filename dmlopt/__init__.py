@@ -22,13 +22,13 @@ def __getattr__(name: str) -> Any:
     """The API's functions, imported on first use: `import dmlopt` (and the `dmlopt` command's
     help) does not load the ONNX stack until a function that needs it is asked for."""
     if name == "inspect":
-        from dmlopt.inspection import inspect
+        from dmlopt.report.inspection import inspect
         return inspect
     if name in ("load", "save"):
-        from dmlopt import model
+        from dmlopt.io import model
         return getattr(model, name)
     if name in ("Result", "optimize"):
-        from dmlopt import pipeline
+        from dmlopt.engine import pipeline
         return getattr(pipeline, name)
     raise AttributeError(f"module 'dmlopt' has no attribute '{name}'")
 
@@ -39,7 +39,7 @@ class _Api(types.ModuleType):
 
     @property
     def validate(self):
-        from dmlopt.validate import validate
+        from dmlopt.runtime.validate import validate
         return validate
 
     @validate.setter

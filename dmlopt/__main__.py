@@ -2,6 +2,6 @@
 
 import sys
 
-from dmlopt.launch import main
+from dmlopt.cli.launch import main
 
 sys.exit(main())

@@ -46,7 +46,7 @@ class CheckFailed(DmlOptError):
 # Longest text from a model (a name, a sentence holding names) that a table or line shows; the
 # rest is cut and its length said.  A 2 MB name must not pad every row of a table (318 MB).
 TEXT_WIDTH = 300
-# Widest cell of a table (dmlopt.tables.format_table): every row is padded to the widest.
+# Widest cell of a table (dmlopt.io.tables.format_table): every row is padded to the widest.
 CELL_WIDTH = 100
 # Longest error line (`dmlopt: error: ...`).
 LINE_WIDTH = 1000

@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from dmlopt import ort_model
+from dmlopt.runtime import ort_model
 from dmlopt.targets.dml import ort_log
 from models.dml_real import KIT_SCRIPT, PROBE_NAMES
 

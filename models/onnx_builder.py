@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from dmlopt import ort_model
+from dmlopt.runtime import ort_model
 
 
 class Graph:

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-import dmlopt.model
+import dmlopt.io.model
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "image_embeddings"
@@ -220,13 +220,13 @@ def export_full(checkpoint, variant, path, *, opset: int = OPSET, dynamic_batch:
         # dmlopt.save gathers them into a single `<name>.data` beside the destination.
         _export_torchscript(module, str(exported), img_size=config.img_size, opset=opset,
                             dynamic_batch=dynamic_batch)
-        model = dmlopt.model.load(exported)
+        model = dmlopt.io.model.load(exported)
         name = variant if isinstance(variant, str) else "custom"
         source = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else "<state dict>"
         model.metadata_props.update(_metadata("models.sam_encoder.export_full", dict(
             variant=name, config=dataclasses.asdict(config), opset=opset, dynamic_batch=dynamic_batch,
             checkpoint=pathlib.Path(source).name if source != "<state dict>" else source)))
-        dmlopt.model.save(model, dest, external_data=external_data)
+        dmlopt.io.model.save(model, dest, external_data=external_data)
     return dest
 
 
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     extra = "".join(f" + {f.name} ({f.stat().st_size / 1e6:.1f} MB)"
-                    for f in dmlopt.model.external_data_files(dest))
+                    for f in dmlopt.io.model.external_data_files(dest))
     print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB){extra}: SAM {args.variant} image encoder, "
           f"input {INPUT_NAME} [{'batch' if args.dynamic_batch else 1},3,1024,1024], opset {args.opset}")
     return 0

@@ -23,7 +23,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
-from dmlopt import shape_inference
+from dmlopt.graph import shape_inference
 from dmlopt.passes import _opset
 from dmlopt.passes._options import Option, OptionStore, PassOptions
 from dmlopt.target import DEFAULT_TARGET, Target
@@ -108,7 +108,7 @@ class DmlPass(ir.passes.InPlacePass):
     # The prologue steps `call` runs before `rewrite` (see `prepare`):
     # which nodes must have names for the site log: "none", "sites" (when a site has none) or "all";
     needs_names: ClassVar[str] = "none"
-    # one shape-inference route: "none"; "types" (dmlopt.shape_inference.infer_shapes, data propagation on);
+    # one shape-inference route: "none"; "types" (dmlopt.graph.shape_inference.infer_shapes, data propagation on);
     # "onnx" (onnx_ir's ShapeInferencePass, non-strict) or "onnx-strict" (strict mode);
     needs_shapes: ClassVar[str] = "none"
     # and `self.fresh`, a source of names unused in the model, for the values a rewrite adds.
@@ -132,7 +132,7 @@ class DmlPass(ir.passes.InPlacePass):
 
     def resolved_option(self, name: str) -> Any:
         """The option's value, with an 'auto' left unresolved (the pass run outside the pipeline,
-        which resolves it through dmlopt.tune) replaced by the target's documented default."""
+        which resolves it through dmlopt.engine.tune) replaced by the target's documented default."""
         value = self.option(name)
         if value != "auto":
             return value

@@ -17,11 +17,11 @@ from typing import Callable
 import onnx_ir as ir
 from onnxscript.optimizer import _constant_folding as constant_folding
 
-from dmlopt import runtime
-from dmlopt.graph_check import PassBroke, check_model
-from dmlopt.model import without_external_data
+from dmlopt.runtime import sessions as runtime
+from dmlopt.graph.check import PassBroke, check_model
+from dmlopt.graph.shape_inference import without_external_data
 from dmlopt.passes._base import DmlPass, initializers_as_inputs_before_ir4
-from dmlopt.shape_inference import weightless_proto
+from dmlopt.graph.shape_inference import weightless_proto
 
 
 class SkippingFailedFolds(constant_folding.FoldConstantsPass):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from onnxscript.rewriter import _context
 
 from dmlopt.passes._layout import NotAView, View
-from dmlopt.validate import run
+from dmlopt.runtime.validate import run
 
 
 def gather(view: View, base: np.ndarray) -> np.ndarray:

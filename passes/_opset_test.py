@@ -121,7 +121,7 @@ def test_transpose_pass_writes_what_the_opset_has(opset):
 @pytest.mark.parametrize("source", ["x", "r"])
 def test_identity_elimination_keeps_branch_outputs_inside_their_branch(source):
     """An If branch returning an outer value through Identity keeps it (ONNX's expanded AffineGrid)."""
-    from dmlopt.graph_check import check_model
+    from dmlopt.graph.check import check_model
     from dmlopt.passes._base import eliminate_identities
 
     def branch(name):

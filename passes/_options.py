@@ -30,7 +30,7 @@ class Option:
     help: str
     choices: Sequence[str] | None = None
     type: Callable[[str], Any] = str
-    # "auto" set by the user, or any option under --tune, is measured on the target (dmlopt.tune).
+    # "auto" set by the user, or any option under --tune, is measured on the target (dmlopt.engine.tune).
     tunable: bool = False
     # What "auto" means when nothing is measured: target -> choice, or target -> {precision -> choice}
     # where the better choice depends on the precision the model is written in (float32, float16).

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from dmlopt import shape_inference
+from dmlopt.graph import shape_inference
 from dmlopt.passes._base import SiteRule
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16})

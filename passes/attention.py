@@ -60,7 +60,7 @@ import onnx_ir as ir
 import onnxscript.rewriter.rules.common as onnxscript_rules
 from onnxscript.rewriter import pattern
 
-from dmlopt import shape_inference
+from dmlopt.graph import shape_inference
 from dmlopt.target import DEFAULT_TARGET
 from dmlopt.passes._base import DmlPass, Option, SiteRule, apply_rules, remove_unused_nodes, restore
 from dmlopt.passes._layout import CollapseLayoutChain, Cut, NotAView, View, ints, static_shape, trace

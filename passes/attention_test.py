@@ -15,8 +15,8 @@ from dmlopt.passes import EngineSettings, PassContext
 from dmlopt.passes.attention import AttentionPass
 from dmlopt.passes.einsum import EinsumPass
 from dmlopt.passes.transpose import TransposePass, transpose_count
-from dmlopt.pipeline import check_model, op_counts
-from dmlopt.validate import run, validate
+from dmlopt.engine.pipeline import check_model, op_counts
+from dmlopt.runtime.validate import run, validate
 from tests.ir_text import Graph
 
 MHA = "com.microsoft.MultiHeadAttention"

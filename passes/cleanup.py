@@ -13,7 +13,7 @@ Cases:
      ``onnxscript.optimizer.optimize_ir`` less its OutputFixPass, which renames a graph
      input that is also a graph output (``m`` -> ``m_orig``) and so changes what a caller feeds.
   4. Model-local functions are inlined only when they expand to a bounded number of nodes
-     (``dmlopt.shape_inference.check_function_expansion``); otherwise the model is refused.
+     (``dmlopt.graph.shape_inference.check_function_expansion``); otherwise the model is refused.
   5. onnxscript's multi-output rule (Slices -> Split) lists the whole graph for every node it
      is tried on; it is tried only on Slice nodes, and only in graphs with at most
      ``MAX_SLICES_FOR_SPLIT`` Slices (freeze-shapes merges tiling Slices in one walk anyway).
@@ -44,10 +44,10 @@ from onnxscript import rewriter
 from onnxscript.rewriter.rules import common as common_rules
 from onnxscript.optimizer import _constant_folding as constant_folding
 
-from dmlopt.model import initializer_bytes
+from dmlopt.io.model import initializer_bytes
 from dmlopt.passes._base import DmlPass, OpsetGate, remove_unused_nodes, restore
 from dmlopt.passes._folding import SkippingFailedFolds, check_failure, first_cause
-from dmlopt.shape_inference import check_function_expansion, fold_refusal
+from dmlopt.graph.shape_inference import check_function_expansion, fold_refusal
 
 MAX_GROWTH = 0.01
 # Largest folded tensor (elements) tried first, then smaller ones while the model grows.

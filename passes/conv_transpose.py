@@ -32,7 +32,7 @@ that differ between the axes where the input's height or width is not static, au
 output_shape attribute (the pads they imply have differed between ONNX Runtime and the spec),
 negative pads, opset < 11 (no DepthToSpace mode).
 
-Option ``--conv-transpose keep|subpixel|auto``; ``auto`` is timed by ``dmlopt.tune`` on the
+Option ``--conv-transpose keep|subpixel|auto``; ``auto`` is timed by ``dmlopt.engine.tune`` on the
 target.  Without the target it means:
   - dml: ``subpixel``: the report's layer ran without a metacommand; a forward Conv gets one.
   - cuda: ``subpixel``: measured faster on an H200 (benchmarks/cnn.py; figures in benchmarks/README.md).

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import dmlopt
 from dmlopt.passes import PassContext
 from dmlopt.passes.conv_transpose import ConvTransposePass, plan_axis
-from dmlopt.pipeline import check_model, op_counts
+from dmlopt.engine.pipeline import check_model, op_counts
 
 rng = np.random.default_rng(0)
 BUNDLED_CNN = pathlib.Path(dmlopt.__file__).parent / "data" / "cnn_leaky.onnx"

@@ -46,7 +46,7 @@ from onnxscript.rewriter import pattern
 from dmlopt.targets.dml import placement
 from dmlopt.passes._base import (DmlPass, Option, SiteRule, apply_rules, eliminate_identities, remove_unused_nodes,
                                 restore)
-from dmlopt.shape_inference import sized_folds
+from dmlopt.graph.shape_inference import sized_folds
 
 FLOATS = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
 MS_DOMAIN = "com.microsoft"

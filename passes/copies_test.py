@@ -14,7 +14,7 @@ import dmlopt
 from dmlopt.targets.dml import placement
 from dmlopt.passes import PassContext, all_passes
 from dmlopt.passes.copies import CopiesPass, cast_round_trip_exact
-from dmlopt.pipeline import check_model, op_counts
+from dmlopt.engine.pipeline import check_model, op_counts
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"
 

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 from dmlopt.targets.dml.einsum_support import einsum_supported, parse_equation
 from dmlopt.passes import PassContext
 from dmlopt.passes.einsum import EinsumPass
-from dmlopt.pipeline import check_model, op_counts
-from dmlopt.validate import run
+from dmlopt.engine.pipeline import check_model, op_counts
+from dmlopt.runtime.validate import run
 
 
 def einsum_model(equation, shapes, *, consts=(), dims=None, opset=17, dtype=TensorProto.FLOAT, seed=0):

@@ -30,13 +30,13 @@ Cases:
         one type (MultiHeadAttention, Attention, FusedMatMul, the GELU family, BiasAdd) and
         the skip normalizations, whose mean/inv_std_var outputs stay float32 (their schema's U);
      f. op types named in ``--fp16-keep-ops``, nodes named in ``--fp16-keep-nodes`` (what
-        dmlopt's fp16 repair sets when float16 fails validation: dmlopt/fp16_repair.py).
+        dmlopt's fp16 repair sets when float16 fails validation: dmlopt/engine/fp16_repair.py).
   3. Initializers and Constants used only in float16 are converted in place (values beyond
      +-65504 are clipped to it, noted in the report); used in both, they get a float16 copy.
   4. Graph inputs and outputs stay float32 with ``keep_io_types`` (Cast at the boundary);
      without it they become float16 (inputs only where a float16 node reads them).
 ORT's CPU EP runs float16 graphs (it inserts Casts around ops without a float16
-kernel); validation rounds every float16 value where it is made (dmlopt.validate), since
+kernel); validation rounds every float16 value where it is made (dmlopt.runtime.validate), since
 those Casts would otherwise hide float16's rounding and overflow.  Every op of the bundled
 models was checked.
 """
@@ -49,7 +49,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dmlopt.graph_check import has_subgraphs
+from dmlopt.graph.check import has_subgraphs
 from dmlopt.passes._base import DmlPass, Option
 from dmlopt.targets.webgpu import registry as webgpu_registry
 
@@ -103,7 +103,7 @@ class Fp16Pass(DmlPass):
         Option("fp16_keep_nodes", "", "comma-separated node names to keep in float32"),
         Option("fp16_target_keep", True, "keep in float32 the ops whose float16 kernels on the target lose "
                                          "accuracy (WebGPU: Gemm, MatMul, Conv, measured on an H100)", type=bool),
-        # Read by the engine (dmlopt/fp16_repair.py), not by the conversion: a pass cannot run ORT.
+        # Read by the engine (dmlopt/engine/fp16_repair.py), not by the conversion: a pass cannot run ORT.
         Option("fp16_repair", True, "when float16 fails validation, keep in float32 the nodes that need it "
                                     "(overflow detection, then bisection) instead of refusing", type=bool),
         Option("fp16_repair_runs", 24, "at most this many validation runs for the fp16 repair", type=int),

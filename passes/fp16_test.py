@@ -9,12 +9,12 @@ import onnx_ir as ir
 import pytest
 
 import dmlopt
-from dmlopt.demo import bundled_path
-from dmlopt.model import initializer_bytes
+from dmlopt.cli.demo import bundled_path
+from dmlopt.io.model import initializer_bytes
 from dmlopt.passes import PassContext
 from dmlopt.passes.fp16 import Fp16Pass
-from dmlopt.pipeline import check_model, op_counts
-from dmlopt.validate import DEFAULT_TOLERANCES, run, validate
+from dmlopt.engine.pipeline import check_model, op_counts
+from dmlopt.runtime.validate import DEFAULT_TOLERANCES, run, validate
 
 HALF_TOL = DEFAULT_TOLERANCES["float16"]
 F16, F32 = ir.DataType.FLOAT16, ir.DataType.FLOAT

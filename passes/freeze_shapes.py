@@ -25,14 +25,14 @@ Rewrites (every graph: the main graph and If/Loop/Scan bodies):
 Cases:
   1. Nothing given (no shapes, no dims): the model is left as it is; the report lists its
      free dimensions, which ``dmlopt bench --dim`` can still fix at session creation.
-  2. Shapes/dims given: they are checked first (``dmlopt.shapes.check_shapes``: unknown
+  2. Shapes/dims given: they are checked first (``dmlopt.graph.shapes.check_shapes``: unknown
      names, rank, conflicts with static dims -> UsageError).  A dim named in ``dims`` is
      fixed wherever it appears; a ``shapes`` entry also fixes the names its dynamic axes
      carry (``image: [batch, ...]`` with batch = 1 fixes ``batch`` everywhere).
   3. Big constants: Expand/Tile/ConstantOfShape/Range results above ``BIG_RESULT``
      elements stay ops, and so does any result above it that frees less than it adds.
      Sizes come from the true shapes of the constant inputs before anything is evaluated
-     (``dmlopt.shape_inference.folded_elements``); a result of unknown size stays an op.  Folding runs twice: first only folds that add at most
+     (``dmlopt.graph.shape_inference.folded_elements``); a result of unknown size stays an op.  Folding runs twice: first only folds that add at most
      ``SMALL_GROWTH`` bytes (a shape constant replacing a node); then folds that add more (a
      Gather of a weight, say) may spend what the first round saved plus 1% of the model, in
      graph order, and stay ops once it is spent.  The saved size (less value_info) is
@@ -59,11 +59,11 @@ from dmlopt.passes._folding import check_failure, fold_constants
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
-from dmlopt import shape_inference
-from dmlopt.model import initializer_bytes, tensor_bytes
+from dmlopt.graph import shape_inference
+from dmlopt.io.model import initializer_bytes, tensor_bytes
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
 from dmlopt.passes._shared import ReshapeNoOp, constant_array, graph_values, infer_static_dims, is_static, show_shape
-from dmlopt.shapes import check_shapes, free_dimensions, runtime_inputs
+from dmlopt.graph.shapes import check_shapes, free_dimensions, runtime_inputs
 
 # Expand/Tile/ConstantOfShape/Range results above this many elements stay ops.
 BIG_RESULT = 1 << 14

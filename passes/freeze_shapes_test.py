@@ -15,7 +15,7 @@ import dmlopt
 from dmlopt.errors import UsageError
 from dmlopt.passes import PassContext
 from dmlopt.passes.freeze_shapes import BIG_RESULT, FreezeShapesPass
-from dmlopt.validate import run
+from dmlopt.runtime.validate import run
 from tests.ir_text import text, with_weights
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"
@@ -274,7 +274,7 @@ def test_fold_that_would_grow_the_model_more_than_one_percent_stays_an_op():
     frozen, p = freeze(model, dims={"N": 1})
     assert main_ops(frozen) == ["Gather", "Add"]
     assert any(s.op == "Gather" and "over the 1% budget" in s.detail for s in p.sites if s.action == "kept")
-    assert dmlopt.model.initializer_bytes(frozen) <= dmlopt.model.initializer_bytes(model) * 1.01
+    assert dmlopt.io.model.initializer_bytes(frozen) <= dmlopt.io.model.initializer_bytes(model) * 1.01
     assert_same_outputs(model, frozen, {"x": feed([1, 80, 80, 16])})
 
 

@@ -2,7 +2,7 @@
 
 On some GPUs and drivers DirectML runs Conv through a vendor metacommand that fuses Relu but not
 LeakyRelu (DirectML issue #138: the 7-layer CNN ran far slower than its Relu twin).  What
-fuses depends on hardware and driver, so this pass offers exact rewrites and ``dmlopt.tune``
+fuses depends on hardware and driver, so this pass offers exact rewrites and ``dmlopt.engine.tune``
 picks among them by timing on the target.  ``a`` is LeakyRelu's alpha, ``z`` its input.
 
 Every strategy but ``keep`` first turns the degenerate slopes into what they are:
@@ -41,7 +41,7 @@ floating input type; for 7-9 the producer's output feeds only the LeakyRelu (and
 output), for 9 the LeakyRelu feeds only Q, as Q's data input.  Subgraphs (If/Loop/Scan bodies)
 are rewritten too; inside model functions 7-9 decline (the rewriter cannot add initializers there).
 
-Choosing: ``--leaky-relu auto`` is measured by ``dmlopt.tune`` where the target provider
+Choosing: ``--leaky-relu auto`` is measured by ``dmlopt.engine.tune`` where the target provider
 exists.  Where it does not, ``auto_default`` applies:
   - dml: ``keep``.  Measured on a GPU through the real DirectML EP (H100, ORT 1.31.1 under Wine and
     vkd3d, the 7-layer CNN at 270x480): DirectML fused Conv+LeakyRelu there, keep 6.47 ms, its Relu

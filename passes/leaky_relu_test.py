@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import dmlopt
 from dmlopt.passes import PassContext
 from dmlopt.passes.leaky_relu import STRATEGIES, LeakyReluPass, fold_layout, relu_linear_cost
-from dmlopt.pipeline import check_model, op_counts
+from dmlopt.engine.pipeline import check_model, op_counts
 
 REWRITING = [s for s in STRATEGIES if s != "keep"]
 ALPHAS = st.sampled_from([0.0, 1.0, -0.5, 2.5, 0.01, 0.2]) | st.floats(-3, 3, allow_nan=False, width=32)

@@ -10,7 +10,7 @@ import dmlopt
 from dmlopt.targets.dml import placement
 from dmlopt.passes import PassContext
 from dmlopt.passes.norm_fusion import NormFusionPass
-from dmlopt.pipeline import check_model, op_counts
+from dmlopt.engine.pipeline import check_model, op_counts
 
 RNG = np.random.default_rng(3)
 F = TensorProto.FLOAT

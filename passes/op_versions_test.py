@@ -11,7 +11,7 @@ import dmlopt
 from dmlopt.targets.dml import placement
 from dmlopt.passes import PassContext
 from dmlopt.passes.op_versions import OpVersionsPass, opset_change_reason
-from dmlopt.pipeline import check_model, op_counts
+from dmlopt.engine.pipeline import check_model, op_counts
 
 RNG = np.random.default_rng(7)
 

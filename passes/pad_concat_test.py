@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt.graph_check import check_model, op_counts
+from dmlopt.graph.check import check_model, op_counts
 from dmlopt.passes import PassContext
 from dmlopt.passes.pad_concat import PadConcatPass
 

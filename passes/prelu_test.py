@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import dmlopt
 from dmlopt.passes import PassContext
 from dmlopt.passes.prelu import PReluPass, broadcast_keeps_shape
-from dmlopt.pipeline import check_model, op_counts
+from dmlopt.engine.pipeline import check_model, op_counts
 
 
 def prelu_model(slope, x_shape=(1, 3, 4, 5), dtype=TensorProto.FLOAT, slope_as_input=False, opset=17):

@@ -13,8 +13,8 @@ from onnx import TensorProto, helper
 import dmlopt
 from dmlopt.passes import PassContext
 from dmlopt.passes.relpos_attention import RelPosBiasPass
-from dmlopt.pipeline import check_model
-from dmlopt.validate import run
+from dmlopt.engine.pipeline import check_model
+from dmlopt.runtime.validate import run
 
 MS = "com.microsoft"
 

@@ -11,8 +11,8 @@ from onnx import numpy_helper
 
 from dmlopt.passes import PassContext, SiteRule
 from dmlopt.passes.transpose import TransposePass, transpose_count
-from dmlopt.pipeline import check_model, op_counts
-from dmlopt.validate import run
+from dmlopt.engine.pipeline import check_model, op_counts
+from dmlopt.runtime.validate import run
 
 
 def parse(text: str, initializers: dict[str, np.ndarray] | None = None, opset: int = 17) -> onnx.ModelProto:
@@ -392,7 +392,7 @@ def test_a_run_that_would_add_transposes_is_undone():
 
 def test_sam_encoder_transposes_drop_and_numerics_hold(sam_small_cleaned):
     from dmlopt.passes.einsum import EinsumPass
-    from dmlopt.validate import validate
+    from dmlopt.runtime.validate import validate
 
     original, model = sam_small_cleaned
     before = transpose_count(model)

@@ -52,7 +52,7 @@ import numpy as np
 import onnx_ir as ir
 import onnxscript.rewriter.rules.common as onnxscript_rules
 
-from dmlopt import shape_inference
+from dmlopt.graph import shape_inference
 from dmlopt.passes._base import DmlPass, Option, apply_rules, remove_unused_nodes
 from dmlopt.passes._layout import (BINARY, REDUCE, SOFTMAX, UNARY, CollapseLayoutChain, NotAView, View, const_ints,
                                    inverse, merge_contiguous, reduce_axes, static_shape, trace, transpose_count)

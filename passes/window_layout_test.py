@@ -12,8 +12,8 @@ import dmlopt
 from dmlopt.passes import PassContext
 from dmlopt.passes.transpose import transpose_count
 from dmlopt.passes.window_layout import Window, WindowLayoutPass, find_sites
-from dmlopt.pipeline import check_model, op_counts
-from dmlopt.validate import run
+from dmlopt.engine.pipeline import check_model, op_counts
+from dmlopt.runtime.validate import run
 from models.onnx_builder import Graph
 from models.windowed import mix_tokens, partition, unpartition, windowed_model
 
@@ -175,7 +175,7 @@ def test_keep_leaves_the_model_alone():
 def test_bundled_sam_for_directml_keeps_at_most_half_the_exports_transposes(ort_version):
     """Issue 5's bar, with the defaults: no Einsum, at most half the Transposes, same numerics.
     Before ORT 1.15 DirectML has no MultiHeadAttention: each block keeps its head-split pair."""
-    from dmlopt.demo import bundled_path
+    from dmlopt.cli.demo import bundled_path
     model = dmlopt.load(bundled_path("sam_small.onnx"))
     result = dmlopt.optimize(model, target="dml", ort_version=ort_version, retime=False)
     before, after = result.report.input["op_counts"], result.report.output["op_counts"]
@@ -231,18 +231,18 @@ def test_dynamo_export_merges_its_windowed_pair_too(tmp_path):
 
 def test_bundled_sam_in_float16_keeps_the_masked_windows_valid():
     """The fp16 pass after window-layout converts the Where's zero with the rest."""
-    from dmlopt.demo import bundled_path
+    from dmlopt.cli.demo import bundled_path
     result = dmlopt.optimize(dmlopt.load(bundled_path("sam_small.onnx")), target="dml", fp16=True, retime=False)
     assert result.passed
     counts = result.report.output["op_counts"]
     assert counts["Where"] == 2 and counts["Transpose"] <= 8
 
 
-@pytest.mark.skipif(dmlopt.runtime.has_target("cuda"), reason="the CUDA provider is here: auto would be timed")
+@pytest.mark.skipif(dmlopt.runtime.sessions.has_target("cuda"), reason="the CUDA provider is here: auto would be timed")
 @pytest.mark.parametrize("fp16, expected", [(False, "merge"), (True, "keep")])
 def test_cuda_default_follows_the_precision_written(fp16, expected):
     """--target cuda without timing: merged in float32, kept in float16 (the padded tokens' MLP work)."""
-    from dmlopt.demo import bundled_path
+    from dmlopt.cli.demo import bundled_path
     model = dmlopt.load(bundled_path("sam_small.onnx"))
     result = dmlopt.optimize(model, target="cuda", fp16=fp16, retime=False)
     assert result.passed

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from dmlopt import ort_model
-from dmlopt.cli import main
+from dmlopt.runtime import ort_model
+from dmlopt.cli.commands import main
 
 
 def conv_leaky_model(batch="N", alpha=0.1, channels=4, size=8, seed=0) -> onnx.ModelProto:

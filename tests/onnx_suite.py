@@ -39,7 +39,7 @@ OK, ORT_FAILS, REFUSED, CRASH, VALIDATION_FAILED, OUTPUT_FAILS, WRONG = (
     "ok", "ort-fails", "refused", "crash", "validation-failed", "output-fails", "wrong")
 ALLOWED_REFUSALS = ("validation feeds tensors only; optimize without it with --no-validate",
                     # outputs with nothing finite (all -inf: ReduceMax over an empty axis) never pass
-                    # validation, by design (dmlopt.validate.compare), and no pass is blamed
+                    # validation, by design (dmlopt.runtime.validate.compare), and no pass is blamed
                     "no pass blamed: no finite values to compare")
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from dmlopt import ort_model
+from dmlopt.runtime import ort_model
 
 
 def _w(rng, name, *shape):

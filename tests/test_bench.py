@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import bench, progress, runtime
+from dmlopt.io import progress
+from dmlopt.runtime import bench, sessions as runtime
 
 from dmlopt.targets.dml import emulate
 from dmlopt.errors import InputError, ProviderError, UsageError
@@ -234,7 +235,7 @@ def test_retime_reports_before_after_and_speedup(model):
 
 
 def test_time_emulated_splits_by_predicted_placement():
-    from dmlopt.demo import bundled_path
+    from dmlopt.cli.demo import bundled_path
 
     path = bundled_path("sam_small_dynamic.onnx")
     if not path.is_file():
@@ -352,7 +353,7 @@ def test_steps_print_whole_lines_and_hand_out_bars():
 
 
 def test_quiet_and_piped_stderr_get_no_progress(cli, model_path, capsys):
-    from dmlopt.cli import _progress, build_parser
+    from dmlopt.cli.commands import _progress, build_parser
 
     args = build_parser().parse_args(["bench", str(model_path), "-q"])
     assert _progress(args) is None
@@ -409,7 +410,7 @@ def test_a_timing_session_that_cannot_share_the_weights_starts_from_the_serializ
 
 def test_demo_says_too_fast_to_time_rather_than_a_spread_that_means_nothing():
     """Issue 31: sub-millisecond models showed speedups like x0.40-14.94."""
-    from dmlopt.demo import _speed
+    from dmlopt.cli.demo import _speed
 
     assert _speed({"median": 1.0, "p10": 1 / 14.94, "p90": 1 / 0.40, "verdict": "no measurable difference"}) \
         .startswith("too fast to time here")

@@ -185,13 +185,13 @@ def _raises(exc: BaseException, real=None):
 @pytest.mark.parametrize("where", ["writing the report", "inside save, after it staged the model"])
 def test_a_signal_before_the_outputs_are_put_in_place_leaves_none_of_them(cli, model_path, tmp_path, monkeypatch,
                                                                           where):
-    """The outputs are one transaction (dmlopt.outputs): SIGTERM while the report is written, or
+    """The outputs are one transaction (dmlopt.io.outputs): SIGTERM while the report is written, or
     Ctrl-C in save after the model is staged, leaves no model, no session configuration, no
     report and no temporary file, and the message says that nothing was written."""
     import signal
 
-    import dmlopt.cli as cli_mod
-    import dmlopt.report as report_mod
+    import dmlopt.cli.commands as cli_mod
+    import dmlopt.report.optimize_report as report_mod
 
     out, report = tmp_path / "out.onnx", tmp_path / "r.json"
     if where == "writing the report":
@@ -210,7 +210,7 @@ def test_a_signal_during_the_renames_waits_and_names_every_file(cli, model_path,
     """Ctrl-C arriving at the first rename of the transaction waits until every output is in
     place; the message then names them all (complete)."""
     import dmlopt
-    from dmlopt import outputs, scratch
+    from dmlopt.io import outputs, scratch
 
     real = outputs.os.replace
     calls = []
@@ -231,7 +231,7 @@ def test_a_signal_during_the_renames_waits_and_names_every_file(cli, model_path,
 
 
 def test_a_signal_before_anything_is_written_still_says_nothing_was_written(cli, model_path, tmp_path, monkeypatch):
-    import dmlopt.cli as cli_mod
+    import dmlopt.cli.commands as cli_mod
 
     monkeypatch.setattr(cli_mod, "save", _raises(KeyboardInterrupt()))
     r = cli("optimize", model_path, "-o", tmp_path / "out.onnx", "--target", "cpu", "--no-time", "-q")

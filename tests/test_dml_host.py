@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import report
+from dmlopt.report import optimize_report as report
 from dmlopt.errors import InputError, UsageError
 from dmlopt.targets.dml import host, real_ep
 from tests.conftest import conv_leaky_model, one_error_line
@@ -308,7 +308,8 @@ def test_bench_auto_uses_the_configured_host_with_a_progress_line(cli, dml_host,
     """Issue 31: `bench --ep auto` ignored a configured host; the host run printed nothing for 1:41."""
     import io
 
-    from dmlopt import cli as cli_mod, progress
+    from dmlopt.cli import commands as cli_mod
+    from dmlopt.io import progress
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 import dmlopt
-from dmlopt.graph_check import op_counts
+from dmlopt.graph.check import op_counts
 from dmlopt.passes.attention_test import hf_attention
 from dmlopt.passes.conv_transpose_test import conv_transpose_model
 from dmlopt.passes.linear_gemm_test import mlp_model

@@ -47,7 +47,7 @@ def test_over_2gb_loads_optimizes_and_saves_with_external_data(big_model, tmp_pa
     # the input is untouched, and the output runs with the same answer
     assert data.stat().st_size == size_before
     idx = {"idx": np.array([0, 1, 1000, N - 1], dtype=np.int64)}
-    from dmlopt.validate import run
+    from dmlopt.runtime.validate import run
 
     y = run(dmlopt.load(out), idx)["y"]
     np.testing.assert_array_equal(y, np.array([0.5, 1.5, 1000.5, N - 1 + 0.5], dtype=np.float32))

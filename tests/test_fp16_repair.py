@@ -10,8 +10,8 @@ import onnx_ir.passes.common as common_passes
 import pytest
 
 import dmlopt
-from dmlopt import fp16_repair
-from dmlopt.validate import DEFAULT_TOLERANCES, make_inputs, validate
+from dmlopt.engine import fp16_repair
+from dmlopt.runtime.validate import DEFAULT_TOLERANCES, make_inputs, validate
 
 HALF_TOL = DEFAULT_TOLERANCES["float16"]
 F16, F32 = ir.DataType.FLOAT16, ir.DataType.FLOAT
@@ -174,7 +174,7 @@ def test_cli_repairs_and_no_fp16_repair_keeps_the_refusal(cli, tmp_path):
 
 
 def test_html_report_lists_the_kept_nodes():
-    from dmlopt import html_report
+    from dmlopt.report import html_page as html_report
     from tests.test_html_report import parse
 
     page = parse(html_report.render(optimize(overflow_model()).report))

@@ -1,4 +1,4 @@
-"""Graph-capture readiness (dmlopt.graph_capture): each of ORT's conditions blocks on its own,
+"""Graph-capture readiness (dmlopt.targets.graph_capture): each of ORT's conditions blocks on its own,
 the one line says what, and inspect shows it."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import graph_capture, inspection, runtime
+from dmlopt.report import inspection
+from dmlopt.runtime import sessions as runtime
+from dmlopt.targets import graph_capture
 from dmlopt.targets.dml import placement, placement_folding
-from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.targets.graph_capture import graph_capture_readiness
 from tests.conftest import conv_leaky_model
 
 
@@ -169,7 +171,7 @@ def test_inspect_prints_the_line_and_json_lists_all(cli, tmp_path):
 def test_gather_from_a_huge_vector_skips_onnx_data_propagation():
     """onnx's Gather data propagation costs ~70 bytes per element of a 1-D data input (20 GB for
     the 275M-element weights of tests/test_external_data.py); readiness must stay cheap."""
-    from dmlopt import shape_inference
+    from dmlopt.graph import shape_inference
 
     n = shape_inference.DATA_PROP_BUDGET + 1
     w = numpy_helper.from_array(np.zeros(n, dtype=np.float32), "W")

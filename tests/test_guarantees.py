@@ -27,7 +27,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import model as model_io
+from dmlopt.io import model as model_io
 from dmlopt.errors import OutputError
 from tests.conftest import conv_leaky_model
 
@@ -246,7 +246,7 @@ def _pending(pid: int, sig: int, timeout: float = 10.0) -> bool:
 def _interrupt_when(proc: subprocess.Popen, appeared, timeout: float = 120.0, sig=signal.SIGINT) -> bool:
     """Poll until `appeared()` is true, then send `sig` (SIGINT) while it still is; False if the
     process ended first.  Where the platform allows, the process and its worker (dmlopt runs the
-    command in a supervised child: dmlopt.supervisor) are frozen (SIGSTOP, waited for) and the
+    command in a supervised child: dmlopt.cli.supervisor) are frozen (SIGSTOP, waited for) and the
     moment checked again; the signal goes to the process, which is resumed and passes it on, and
     the worker resumes only once the signal waits for it: on a loaded machine the moment cannot
     pass between the check and the signal."""
@@ -324,7 +324,7 @@ def test_interrupted_or_failed_save_keeps_the_old_output(tmp_path, monkeypatch):
     for exc, expected in ((KeyboardInterrupt(), KeyboardInterrupt), (OSError(28, "No space left on device"),
                                                                       OutputError)):
         monkeypatch.setattr(ir, "save", half_then(exc))
-        monkeypatch.setattr(dmlopt.model, "save_inline", half_then(exc))  # single-file .onnx writer
+        monkeypatch.setattr(dmlopt.io.model, "save_inline", half_then(exc))  # single-file .onnx writer
         with pytest.raises(expected):
             dmlopt.save(dmlopt.load(conv_leaky_model()), out)
         assert out.read_bytes() == old_bytes

@@ -305,7 +305,7 @@ def test_zero_size_dim_is_a_valid_model_and_optimizes(cli, tmp_path):
     assert cli("inspect", path).code == 0
     r = cli("optimize", path, "-o", tmp_path / "out.onnx", "-q")
     assert r.code == 0, r.err
-    from dmlopt.validate import run
+    from dmlopt.runtime.validate import run
 
     y = run(dmlopt.load(tmp_path / "out.onnx"), {"x": np.zeros((0, 3, 8, 8), np.float32)})["y"]
     assert y.shape == (0, 4, 8, 8)

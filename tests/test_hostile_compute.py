@@ -22,11 +22,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import pipeline, runtime
+from dmlopt.engine import pipeline
+from dmlopt.runtime import sessions as runtime
 from dmlopt.errors import InputError, UsageError
 from dmlopt.passes import DmlPass
-from dmlopt.shape_inference import check_function_expansion
-from dmlopt.validate import compare
+from dmlopt.graph.shape_inference import check_function_expansion
+from dmlopt.runtime.validate import compare
 from tests.conftest import one_error_line
 
 # Every option `dmlopt optimize` would otherwise tune, fixed: what runs is the passes alone.
@@ -146,7 +147,7 @@ def _peak_mb(args: list[str]) -> tuple[int, float, str]:
 
     The peak is VmHWM, which exec resets: ru_maxrss of a child keeps the peak of the process it
     was forked from (pytest, which other tests grow to gigabytes)."""
-    code = ("import re, resource, sys\nfrom dmlopt.cli import main\nrc = main(sys.argv[1:])\n"
+    code = ("import re, resource, sys\nfrom dmlopt.cli.commands import main\nrc = main(sys.argv[1:])\n"
             "try:\n    kb = int(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1))\n"
             "except (OSError, AttributeError):\n    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "print(kb // 1024, file=sys.stderr)\nsys.exit(rc)\n")

@@ -26,11 +26,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import shape_inference
+from dmlopt.graph import shape_inference
 from dmlopt.errors import InputError, OutputError
-from dmlopt.inputs_file import read_npz
-from dmlopt.validate import compare
-from dmlopt.validate import run as run_model
+from dmlopt.io.inputs_file import read_npz
+from dmlopt.runtime.validate import compare, run as run_model
 from tests.test_hostile_compute import _peak_mb
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"

@@ -19,8 +19,8 @@ import onnx
 import pytest
 
 import dmlopt
-import dmlopt.cli as cli_mod
-from dmlopt import outputs
+import dmlopt.cli.commands as cli_mod
+from dmlopt.io import outputs
 from tests.conftest import conv_leaky_model
 
 NAME_MAX = os.pathconf(tempfile.gettempdir(), "PC_NAME_MAX") if hasattr(os, "pathconf") else 255

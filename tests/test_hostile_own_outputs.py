@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 import dmlopt
-from dmlopt import runtime
+from dmlopt.runtime import sessions as runtime
 from dmlopt.targets.dml import emulate, placement
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"

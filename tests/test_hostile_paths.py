@@ -29,10 +29,10 @@ from google.protobuf.internal.encoder import _VarintBytes
 from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
-from dmlopt import report as report_mod
+from dmlopt.report import optimize_report as report_mod
 from dmlopt.errors import InputError, OutputError
-from dmlopt.report import Report
-from dmlopt.validate import run
+from dmlopt.report.optimize_report import Report
+from dmlopt.runtime.validate import run
 from tests.conftest import conv_leaky_model, one_error_line
 from tests.test_guarantees import _interrupt_when, _leftovers, big_model  # noqa: F401 - big_model is a fixture
 

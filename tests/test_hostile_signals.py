@@ -1,6 +1,6 @@
 """Signals reach dmlopt even inside native code (issue 23.4).
 
-dmlopt runs as a program through a supervisor (dmlopt.supervisor): the command works in a child
+dmlopt runs as a program through a supervisor (dmlopt.cli.supervisor): the command works in a child
 process that SIGINT, SIGTERM or SIGHUP stop within seconds even while ONNX Runtime runs a Loop
 that never ends, with the same promise as ever: one line, exit 128 + signal (130 for Ctrl-C),
 nothing partial left beside the output or in the temp folder.  Generated over the commands that
@@ -27,7 +27,7 @@ from tests.conftest import conv_leaky_model
 from tests.test_guarantees import _children, _interrupt_when, _leftovers, big_model  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the supervisor needs fork (POSIX)")
-GRACE = 3.0  # dmlopt.supervisor.GRACE_S
+GRACE = 3.0  # dmlopt.cli.supervisor.GRACE_S
 STOPPED_WITHIN = GRACE + 6.0  # seconds from the signal to the exit, on a loaded 2-core machine
 
 

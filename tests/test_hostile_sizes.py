@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import dmlopt
-from dmlopt import pipeline
+from dmlopt.engine import pipeline
 from dmlopt.errors import InputError
 from tests.conftest import one_error_line
 

@@ -14,7 +14,8 @@ import onnx_ir as ir
 import pytest
 
 import dmlopt
-from dmlopt import bench, html_report, report
+from dmlopt.report import html_page as html_report, optimize_report as report
+from dmlopt.runtime import bench
 from tests.conftest import conv_leaky_model
 
 AFTER_BLUE = (0x2F, 0x6F, 0xD6)

@@ -12,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import dmlopt
-from dmlopt import model as model_mod
+from dmlopt.io import model as model_mod
 
-WATCHED = ("dmlopt/scratch.py", "dmlopt/model.py", "dmlopt/outputs.py", "contextlib.py", "tempfile.py",
+WATCHED = ("dmlopt/io/scratch.py", "dmlopt/io/model.py", "dmlopt/io/outputs.py", "contextlib.py", "tempfile.py",
            "shutil.py", "posixpath.py")
 
 

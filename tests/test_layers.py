@@ -1,8 +1,11 @@
 """dmlopt's modules import only downwards, without cycles, and only at module top; passes share
 helpers through passes/_base, _shared and _layout, never by importing another pass.
 
-Each module gets its layer from LAYERS (a module missing from it fails the test, so a new
-module must be placed).  An import of a module in a higher layer, a cycle (within a layer
+The layers are dmlopt's folders (one stage or one floor each), lowest first: the ground modules
+at dmlopt/'s top, graph/, io/, runtime/, targets/, passes/ (installed as dmlopt.passes), report/,
+engine/, cli/, then the API (dmlopt/__init__.py).  A module gets its layer from its folder, so a
+new module in a folder is placed already; a new module at dmlopt/'s top must be placed in LAYERS
+(the test fails until it is).  An import of a module in a higher layer, a cycle (within a layer
 too) or an import of dmlopt inside a function fails: such an import hides a cycle that the
 module structure should resolve.  The checks read the source with `ast`, nothing is imported.
 """
@@ -17,30 +20,26 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# Lowest first: a module may import its own layer and those below it.
+# Lowest first: a module may import its own layer and those below it.  A folder (a package) stands
+# for every module in it.
 LAYERS = {
-    "ground": ["dmlopt.errors", "dmlopt.jsontext", "dmlopt.progress", "dmlopt.tables", "dmlopt.version",
-               "dmlopt.target", "dmlopt.scratch", "dmlopt.data", "dmlopt.outputs", "dmlopt.arg_types",
-               "dmlopt.limits", "dmlopt.inputs_file", "dmlopt.ort_model", "dmlopt.process_tree", "dmlopt.supervisor", "dmlopt.pass_catalog",
-               # WebGPU facts from ORT's source and the Vulkan device list (both targets): read by passes and runtime alike.
-               "dmlopt.targets.webgpu.registry", "dmlopt.vulkan"],
-    "IR helpers": ["dmlopt.model", "dmlopt.proto_stream", "dmlopt.shapes", "dmlopt.shape_inference",
-                   "dmlopt.graph_check", "dmlopt.names", "dmlopt.input_sizes", "dmlopt.input_values"],
-    # The WebGPU host registers the plug-in EP that runtime's sessions use.
-    "ONNX Runtime": ["dmlopt.targets.webgpu.host", "dmlopt.runtime", "dmlopt.bench", "dmlopt.validate"],
-    # Each target's knowledge in one package (dmlopt.targets.<ep>); graph capture spans targets.
-    "targets": ["dmlopt.targets", "dmlopt.targets.dml", "dmlopt.targets.webgpu", "dmlopt.graph_capture"],
-    "passes and report": ["dmlopt.passes", "dmlopt.report", "dmlopt.html_report", "dmlopt.inspection",
-                          "dmlopt.session_config"],
-    "engine": ["dmlopt.pipeline", "dmlopt.tune", "dmlopt.fp16_repair"],
-    "face": ["dmlopt", "dmlopt.__main__", "dmlopt.cli", "dmlopt.demo", "dmlopt.launch"],
+    "ground": ["dmlopt.errors", "dmlopt.target", "dmlopt.limits", "dmlopt.version", "dmlopt.data"],
+    "graph": ["dmlopt.graph"],
+    "io": ["dmlopt.io"],
+    "runtime": ["dmlopt.runtime"],
+    "targets": ["dmlopt.targets"],
+    "passes": ["dmlopt.passes"],
+    "report": ["dmlopt.report"],
+    "engine": ["dmlopt.engine"],
+    "cli": ["dmlopt.cli"],
+    "api": ["dmlopt", "dmlopt.__main__"],
 }
 # Imports of dmlopt inside a function that are allowed, as (module, imported module): the API's
 # functions on first use and the entry point's commands, so that `import dmlopt`, `dmlopt --help`
 # and `dmlopt passes` start without the ONNX stack (issue 22; tests/test_startup.py).
 FUNCTION_IMPORTS_ALLOWED: set[tuple[str, str]] = {
-    ("dmlopt", "dmlopt.inspection"), ("dmlopt", "dmlopt.model"), ("dmlopt", "dmlopt.pipeline"),
-    ("dmlopt", "dmlopt.validate"), ("dmlopt.launch", "dmlopt.cli")}
+    ("dmlopt", "dmlopt.report.inspection"), ("dmlopt", "dmlopt.io.model"), ("dmlopt", "dmlopt.engine.pipeline"),
+    ("dmlopt", "dmlopt.runtime.validate"), ("dmlopt.cli.launch", "dmlopt.cli.commands")}
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -159,10 +158,10 @@ def test_passes_import_no_sibling_pass():
 
 # The checks must be able to fail: each is shown a module with the fault added to its real source.
 @pytest.mark.parametrize("module, line, check", [
-    ("dmlopt.bench", "from dmlopt.targets.dml import placement\n", upward_imports),
-    ("dmlopt.report", "from dmlopt.pipeline import optimize\n", upward_imports),
-    ("dmlopt.runtime", "from dmlopt import validate\n", cycles),  # validate imports runtime
-    ("dmlopt.validate", "def later():\n    from dmlopt import shapes\n", function_imports),
+    ("dmlopt.runtime.bench", "from dmlopt.targets.dml import placement\n", upward_imports),
+    ("dmlopt.report.optimize_report", "from dmlopt.engine.pipeline import optimize\n", upward_imports),
+    ("dmlopt.runtime.sessions", "from dmlopt.runtime import validate\n", cycles),  # validate imports sessions
+    ("dmlopt.runtime.validate", "def later():\n    from dmlopt.graph import shapes\n", function_imports),
     ("dmlopt.passes.prelu", "from dmlopt.passes.leaky_relu import LeakyReluPass\n", sibling_pass_imports),
 ])
 def test_checks_catch_a_fault(module, line, check):
@@ -171,6 +170,6 @@ def test_checks_catch_a_fault(module, line, check):
 
 
 def test_imports_within_a_layer_are_allowed():
-    source = MODULES["dmlopt.errors"].read_text(encoding="utf-8") + "\nimport dmlopt.progress\n"
-    graph = import_graph({"dmlopt.errors": source})
-    assert graph.has_edge("dmlopt.errors", "dmlopt.progress") and not upward_imports(graph) and not cycles(graph)
+    source = MODULES["dmlopt.io.tables"].read_text(encoding="utf-8") + "\nimport dmlopt.io.progress\n"
+    graph = import_graph({"dmlopt.io.tables": source})
+    assert graph.has_edge("dmlopt.io.tables", "dmlopt.io.progress") and not upward_imports(graph) and not cycles(graph)

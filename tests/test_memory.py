@@ -30,7 +30,9 @@ MAX_COPIES = 3.0
 _MEASURE = """
 import json, sys
 import onnxruntime, onnxscript
-from dmlopt import cli, pipeline, validate
+from dmlopt import validate
+from dmlopt.cli import commands as cli
+from dmlopt.engine import pipeline
 
 
 def status(field):
@@ -90,8 +92,8 @@ def test_optimize_peak_rss_stays_within_a_few_weight_copies(tmp_path, flags):
 # imports and the load first, then the peak is reset, then bench.compare.
 _MEASURE_COMPARE = """
 import json, sys
-from dmlopt import bench
-from dmlopt.model import load
+from dmlopt.runtime import bench
+from dmlopt.io.model import load
 
 
 def status(field):

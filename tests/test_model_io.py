@@ -111,7 +111,7 @@ def test_save_failure_leaves_no_partial_file(tmp_path, model_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ir, "save", boom)
-    monkeypatch.setattr(dmlopt.model, "save_inline", boom)  # the writer of single-file .onnx outputs
+    monkeypatch.setattr(dmlopt.io.model, "save_inline", boom)  # the writer of single-file .onnx outputs
     with pytest.raises(OutputError, match="No space left"):
         dmlopt.save(model, tmp_path / "out.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dmlopt.names import numbered_name
+from dmlopt.graph.names import numbered_name
 
 
 def test_numbering_restarts_per_base_from_2_and_records_the_name():

@@ -18,7 +18,7 @@ import pytest
 from onnx import helper
 
 import dmlopt
-from dmlopt import ort_model
+from dmlopt.runtime import ort_model
 from dmlopt.targets.webgpu import kernels
 from models import cnn, onnx_builder
 from tests import shape_models
@@ -54,7 +54,7 @@ def _built_models() -> dict[str, onnx.ModelProto]:
         "models.cnn": cnn.build_cnn(channels=4, height=8, width=8),
     }
     result = dmlopt.optimize(conv_leaky_model(batch=1), target="webgpu", validate=False)
-    built["optimize --target webgpu output"] = dmlopt.model.to_proto(result.model)
+    built["optimize --target webgpu output"] = dmlopt.io.model.to_proto(result.model)
     return built
 
 

@@ -10,7 +10,8 @@ import inspect
 import pytest
 
 import dmlopt
-from dmlopt import cli, pipeline
+from dmlopt.cli import commands as cli
+from dmlopt.engine import pipeline
 from dmlopt.errors import UsageError
 from dmlopt.passes import (DmlPass, EngineSettings, Option, OptionStore, PassContext, all_passes,
                            check_unique_options)

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import dmlopt
 from dmlopt.errors import UsageError
-from dmlopt.pipeline import PassBroke, op_counts
+from dmlopt.engine.pipeline import PassBroke, op_counts
 from tests.conftest import conv_leaky_model
 
 
@@ -71,7 +71,7 @@ def test_numerics_failure_is_bisected_to_the_pass(monkeypatch):
     assert not result.passed
     assert result.report.broken_by == "cleanup"
     with pytest.raises(dmlopt.CheckFailed, match="first failing pass: cleanup"):
-        from dmlopt.pipeline import require_valid
+        from dmlopt.engine.pipeline import require_valid
 
         require_valid(result)
 
@@ -96,7 +96,7 @@ def _bloat_model(n=200_000):
 
 def test_cleanup_never_grows_the_model_more_than_one_percent():
     model = dmlopt.load(_bloat_model())
-    from dmlopt.model import initializer_bytes
+    from dmlopt.io.model import initializer_bytes
 
     before = initializer_bytes(model)
     result = dmlopt.optimize(model, passes=["cleanup"])
@@ -151,7 +151,7 @@ def test_tuning_shares_the_pipeline_before_each_option(monkeypatch, tune, builds
     """The passes before an option run once for all its candidates: the first pass runs for the
     untuned default output, once for the shared prefix and once for the output written (with --tune,
     once more for the float16 candidate, whose precision changes the earlier passes' defaults)."""
-    from dmlopt import bench
+    from dmlopt.runtime import bench
     from dmlopt.passes.attention import AttentionPass
     from dmlopt.passes.attention_test import hf_attention
     from dmlopt.passes.cleanup import CleanupPass

@@ -167,7 +167,7 @@ def test_contrib_shapes_write_nothing_into_the_working_directory(tmp_path, monke
 
 def test_a_measured_placement_decides_graph_capture():
     """Issue 31: the graph-capture line followed the prediction even right after the real EP was measured."""
-    from dmlopt.graph_capture import graph_capture_readiness, with_measured_placement
+    from dmlopt.targets.graph_capture import graph_capture_readiness, with_measured_placement
 
     model = ir.load(DATA / "sam_small_dynamic.onnx")
     predicted = graph_capture_readiness(model, "dml", "1.31")

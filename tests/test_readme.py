@@ -13,7 +13,7 @@ import venv
 import onnx
 import pytest
 
-from dmlopt.cli import main
+from dmlopt.cli.commands import main
 from tests import shape_models
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import json
 
 import dmlopt
 from dmlopt.passes import all_passes
-from dmlopt.report import Report
+from dmlopt.report.optimize_report import Report
 from tests.conftest import conv_leaky_model
 
 

@@ -12,8 +12,7 @@ import tempfile
 import onnx_ir as ir
 import pytest
 
-from dmlopt import model as model_io
-from dmlopt import scratch
+from dmlopt.io import model as model_io, scratch
 from tests.conftest import conv_leaky_model
 
 

@@ -1,4 +1,4 @@
-"""The recommended session (dmlopt.session_config): what it sets and why, the file beside the
+"""The recommended session (dmlopt.targets.session_config): what it sets and why, the file beside the
 optimized model, and the snippet that creates a working ORT session from it."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 
 import dmlopt
-from dmlopt import session_config
-from dmlopt.graph_capture import graph_capture_readiness
+from dmlopt.targets import session_config
+from dmlopt.targets.graph_capture import graph_capture_readiness
 from tests.conftest import conv_leaky_model
 
 GROUPS = ("provider_options", "session_options", "session_config_entries", "free_dimension_overrides")

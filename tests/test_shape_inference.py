@@ -1,4 +1,4 @@
-"""dmlopt.shape_inference: onnx's inference without the weights gives what inference on the full model gives."""
+"""dmlopt.graph.shape_inference: onnx's inference without the weights gives what inference on the full model gives."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import onnx.parser
 import onnx_ir as ir
 
 import dmlopt
-from dmlopt import shape_inference
-from dmlopt.shape_inference import SMALL_TENSOR_BYTES, graph_values, infer_shapes, weightless_proto
+from dmlopt.graph import shape_inference
+from dmlopt.graph.shape_inference import SMALL_TENSOR_BYTES, graph_values, infer_shapes, weightless_proto
 
 DATA = pathlib.Path(dmlopt.__file__).parent / "data"
 BIG = 256 * 1024  # float32 elements of the weight: 1 MiB
@@ -114,7 +114,7 @@ def test_onnx_inference_keeps_sequences_sequences():
     """onnx_ir 1.1's ShapeInferencePass typed a sequence as its element's tensor (test_sequence_model5)."""
     from onnx import TensorProto, helper
 
-    from dmlopt.graph_check import check_model
+    from dmlopt.graph.check import check_model
     graph = helper.make_graph(
         [helper.make_node("SequenceConstruct", ["x", "x"], ["seq"]),
          helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=0)], "g",

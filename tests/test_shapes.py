@@ -1,4 +1,4 @@
-"""dmlopt.shapes: --shape/--dim parsing and the checks against a model, each error on its own."""
+"""dmlopt.graph.shapes: --shape/--dim parsing and the checks against a model, each error on its own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import onnx_ir as ir
 import pytest
 
 from dmlopt.errors import UsageError
-from dmlopt.shapes import check_shapes, free_dimensions, parse_dim, parse_shape
+from dmlopt.graph.shapes import check_shapes, free_dimensions, parse_dim, parse_shape
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from dmlopt import cli, launch, pass_catalog
+from dmlopt.cli import commands as cli, launch
+from dmlopt.engine import pass_catalog
 from dmlopt.passes import all_passes
 
 HEAVY = ("onnx", "onnx_ir", "onnxruntime", "onnxscript", "numpy")
@@ -19,7 +20,7 @@ STARTUP_BOUND_S = 3.0
 
 
 def _run(*args: str, code: str = "") -> subprocess.CompletedProcess:
-    script = ("import sys\nfrom dmlopt.launch import main\nrc = main(sys.argv[1:])\n"
+    script = ("import sys\nfrom dmlopt.cli.launch import main\nrc = main(sys.argv[1:])\n"
               f"{code}\nsys.exit(rc)")
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
 
@@ -28,7 +29,7 @@ def test_the_catalog_is_the_registry():
     """dmlopt/data/pass_catalog.json as the passes declare themselves; DMLOPT_WRITE_CATALOG=1 rewrites it."""
     built = pass_catalog.build(all_passes().values())
     if os.environ.get("DMLOPT_WRITE_CATALOG"):
-        path = os.path.join(os.path.dirname(pass_catalog.__file__), "data", pass_catalog.CATALOG)
+        path = os.path.join(os.path.dirname(os.path.dirname(pass_catalog.__file__)), "data", pass_catalog.CATALOG)
         with open(path, "w", encoding="utf-8") as f:
             f.write(json.dumps(built, indent=1) + "\n")
     assert pass_catalog.load() == json.loads(json.dumps(built)), \
@@ -59,7 +60,7 @@ def test_other_commands_go_to_the_cli():
 
 def test_the_program_runs_the_command_supervised(monkeypatch):
     """Run as a program (no argv), a command goes to cli.main without argv, which runs it in
-    dmlopt.supervisor's child (a signal stops it even inside native code); with argv, in-process."""
+    dmlopt.cli.supervisor's child (a signal stops it even inside native code); with argv, in-process."""
     seen = []
     monkeypatch.setattr(cli, "main", lambda argv=None: seen.append(argv) or 0)
     monkeypatch.setattr(sys, "argv", ["dmlopt", "inspect", "m.onnx"])

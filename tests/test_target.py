@@ -8,7 +8,7 @@ import onnxruntime
 import pytest
 
 import dmlopt
-from dmlopt import html_report
+from dmlopt.report import html_page as html_report
 from dmlopt.errors import UsageError
 from dmlopt.passes import PassContext
 from dmlopt.target import DEFAULT_TARGET, Target, available_versions

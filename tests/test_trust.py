@@ -10,7 +10,9 @@ import onnx_ir as ir
 import pytest
 
 import dmlopt
-from dmlopt import bench, html_report, input_sizes, runtime
+from dmlopt.graph import input_sizes
+from dmlopt.report import html_page as html_report
+from dmlopt.runtime import bench, sessions as runtime
 from dmlopt.errors import InputError
 from tests import shape_models
 from tests.conftest import conv_leaky_model

@@ -13,14 +13,15 @@ import onnx_ir as ir
 import pytest
 
 import dmlopt
-from dmlopt import bench, runtime, tune
+from dmlopt.engine import tune
+from dmlopt.runtime import bench, sessions as runtime
 from dmlopt.errors import ProviderError
 from dmlopt.passes import EngineSettings, PassContext
 from dmlopt.passes.attention import AttentionPass
 from dmlopt.passes.attention_test import hf_attention
 from dmlopt.passes.fp16 import Fp16Pass
-from dmlopt.pipeline import op_counts
-from dmlopt.validate import DEFAULT_TOLERANCES
+from dmlopt.engine.pipeline import op_counts
+from dmlopt.runtime.validate import DEFAULT_TOLERANCES
 from tests.conftest import conv_leaky_model
 
 MHA = "com.microsoft.MultiHeadAttention"

@@ -8,7 +8,7 @@ import pytest
 
 import dmlopt
 from dmlopt.errors import InputError, UsageError
-from dmlopt.validate import compare, tolerances
+from dmlopt.runtime.validate import compare, tolerances
 from tests.conftest import conv_leaky_model
 
 
@@ -75,7 +75,7 @@ def test_float16_model_is_run_with_float16_rounding_of_every_value():
     (x + 1000) - 1000 came back exact and x*1000 squared did not overflow."""
     from onnx import helper
 
-    from dmlopt.validate import run, with_float16_rounding
+    from dmlopt.runtime.validate import run, with_float16_rounding
 
     model = _half_model([helper.make_node("Add", ["x", "big"], ["a"]), helper.make_node("Sub", ["a", "big"], ["b"]),
                          helper.make_node("Mul", ["a", "a"], ["sq"])],
@@ -96,7 +96,7 @@ def test_float16_model_is_run_with_float16_rounding_of_every_value():
 def test_float16_constant_of_shape_and_cast_are_rounded_too():
     from onnx import helper, numpy_helper
 
-    from dmlopt.validate import run
+    from dmlopt.runtime.validate import run
 
     value = numpy_helper.from_array(np.array([1000], np.float16))
     model = _half_model([helper.make_node("Cast", ["x"], ["c"], to=HALF_T),
@@ -112,7 +112,7 @@ def test_float16_rounding_names_never_clash_with_the_models():
     """Values already named like the rounding Casts' outputs, and an output that is also read."""
     from onnx import helper
 
-    from dmlopt.validate import run
+    from dmlopt.runtime.validate import run
 
     model = _half_model([helper.make_node("Add", ["x", "big"], ["a"], name="a__rounded_0"),
                          helper.make_node("Sub", ["a", "big"], ["a__r0"]),
@@ -196,7 +196,7 @@ def _validation_dict(pairs) -> dict:
 def test_rows_and_verdict_never_disagree_on_the_webgpu_ep():
     """Issue 31: SAM ViT-B --target webgpu --fp16 printed "ok" rows under a DIFFER verdict (the rows
     were the CPU EP's, the verdict the WebGPU EP's); an excused output is now excused row by row."""
-    from dmlopt.report import _validation_table
+    from dmlopt.report.optimize_report import _validation_table
     from dmlopt.targets.webgpu.validation import judged
 
     ref = np.linspace(-1, 1, 64, dtype=np.float32)
@@ -241,7 +241,7 @@ def test_subnormal_outputs_are_equal_and_a_normal_one_is_judged():
     """A Gemm with alpha 1e-45 (a hypothesis case) makes outputs of a few float32 subnormals, which flush to
     zero on some threads and runs: two values both below the smallest normal are equal; a normal value off
     by as little is not."""
-    from dmlopt.validate import compare
+    from dmlopt.runtime.validate import compare
 
     tiny = np.finfo(np.float32).smallest_subnormal
     ref = (np.arange(15, dtype=np.float32).reshape(3, 5) % 7) * tiny

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 import dmlopt
 
-validate = importlib.import_module("dmlopt.validate")  # the module, not dmlopt.validate the function
+validate = importlib.import_module("dmlopt.runtime.validate")  # the module, not dmlopt.validate the function
 
 
 def scan_model(half: bool = True):

@@ -18,9 +18,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import dmlopt
-from dmlopt import html_report, runtime, session_config
-from dmlopt.pipeline import op_counts
-from dmlopt import vulkan as adapter
+from dmlopt.report import html_page as html_report
+from dmlopt.runtime import sessions as runtime
+from dmlopt.targets import session_config
+from dmlopt.engine.pipeline import op_counts
+from dmlopt.runtime import vulkan as adapter
 from dmlopt.targets.webgpu import kernels, placement, registry
 from passes.op_versions_test import group_norm_model
 

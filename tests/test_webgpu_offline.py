@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import dmlopt
-from dmlopt import session_config
+from dmlopt.targets import session_config
 from dmlopt.passes import all_passes
 from dmlopt.target import EPS, Target
 from dmlopt.targets.webgpu import placement, registry

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from hypothesis import HealthCheck, assume, settings
 
 import dmlopt
-from dmlopt import tune
+from dmlopt.engine import tune
 from dmlopt.errors import InputError
 from tests.property.strategies import Case
 

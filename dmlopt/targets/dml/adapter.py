@@ -1,6 +1,6 @@
 """The GPU the Wine host's DirectML really uses, read inside the host run.
 
-Why: a Vulkan query made outside the host (dmlopt.vulkan) sees what this process's loader sees, not
+Why: a Vulkan query made outside the host (dmlopt.runtime.vulkan) sees what this process's loader sees, not
 what Wine's DXGI and vkd3d pick under the host's own environment: on the GPU machine (NVIDIA's
 driver reached through the host's wrappers) it found no device, and the host was called "Vulkan device
 unknown", its GPU times unusable.  Two places inside the run name the adapter:

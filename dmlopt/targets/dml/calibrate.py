@@ -22,13 +22,14 @@ from typing import Any, Mapping
 
 import onnx_ir as ir
 
-from dmlopt import runtime, scratch
+from dmlopt.io import scratch
+from dmlopt.runtime import sessions as runtime
 
 from dmlopt.targets.dml import host, ort_log, real_ep
 from dmlopt.targets.dml import placement as placement_mod
 from dmlopt.errors import ProviderError
-from dmlopt.jsontext import json_text
-from dmlopt.model import write_text
+from dmlopt.io.jsontext import json_text
+from dmlopt.io.model import write_text
 
 __all__ = ["actual_placement", "calibrate", "compare", "observe", "to_table", "write"]
 

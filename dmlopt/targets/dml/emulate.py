@@ -29,10 +29,10 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt import bench, runtime
+from dmlopt.runtime import bench, sessions as runtime
 from dmlopt.targets.dml import placement as placement_mod
 from dmlopt.errors import InputError, UsageError
-from dmlopt.progress import bar_for
+from dmlopt.io.progress import bar_for
 
 __all__ = ["EmulatedSession", "Part", "parse_emulate", "split_by_placement", "time_emulated"]
 

@@ -38,9 +38,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dmlopt import process_tree, scratch
+from dmlopt.io import scratch
+from dmlopt.runtime import process_tree
 from dmlopt.errors import InputError, ProviderError, UsageError, printable
-from dmlopt import ort_model
+from dmlopt.runtime import ort_model
 from dmlopt.targets.dml import adapter, host_answer, host_names, ort_log
 
 __all__ = ["ENV_VAR", "HOW_TO", "Host", "HostRun", "configured", "find", "open_host", "placement_summary"]
@@ -242,8 +243,8 @@ def dll_version(path: pathlib.Path) -> str:
 @functools.lru_cache(maxsize=1)
 def vulkan_devices() -> tuple[dict[str, str], ...]:
     try:
-        # in a child process: a broken Vulkan driver can crash the process that asks (dmlopt.vulkan)
-        done = subprocess.run([sys.executable, "-m", "dmlopt.vulkan"], capture_output=True, text=True, timeout=30,
+        # in a child process: a broken Vulkan driver can crash the process that asks (dmlopt.runtime.vulkan)
+        done = subprocess.run([sys.executable, "-m", "dmlopt.runtime.vulkan"], capture_output=True, text=True, timeout=30,
                               stdin=subprocess.DEVNULL)
         found = json.loads(done.stdout or "{}").get("devices", [])
     except (OSError, ValueError, subprocess.TimeoutExpired):

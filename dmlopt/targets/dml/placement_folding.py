@@ -13,7 +13,7 @@ import onnx_ir.passes.common as common_passes
 from dmlopt.targets.dml.placement_data import canonical_domain
 from dmlopt.targets.dml.placement_nodes import attribute_value, graph_attributes, static_shape
 from dmlopt.targets.dml.placement_ort import GIVEN_AS_INPUT, contrib_shapes, ort_level1
-from dmlopt.shape_inference import check_function_expansion, fold_refusal, infer_shapes
+from dmlopt.graph.shape_inference import check_function_expansion, fold_refusal, infer_shapes
 
 
 # Ops ORT never folds (non-deterministic) even when their inputs are constant.
@@ -108,7 +108,7 @@ def prepared_graph(model: ir.Model, *, fold: bool = True) -> ir.Model:
 def _with_shapes(model: ir.Model) -> ir.Model:
     """`model` (changed in place and returned) with ONNX shape inference, data propagation on.
 
-    Best effort (contrib ops, odd models); the weights are not serialized (dmlopt.shape_inference)."""
+    Best effort (contrib ops, odd models); the weights are not serialized (dmlopt.graph.shape_inference)."""
     infer_shapes(model)
     return model
 

@@ -17,8 +17,8 @@ import logging
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt.scratch import folder
-from dmlopt.shape_inference import check_function_expansion, infer_shapes, proto_with, tensor_bytes, weightless_proto
+from dmlopt.io.scratch import folder
+from dmlopt.graph.shape_inference import check_function_expansion, infer_shapes, proto_with, tensor_bytes, weightless_proto
 
 logger = logging.getLogger(__name__)
 

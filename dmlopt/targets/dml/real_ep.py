@@ -19,13 +19,13 @@ from typing import Any, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import runtime, scratch
+from dmlopt.io import scratch
+from dmlopt.runtime import sessions as runtime
 from dmlopt.errors import ProviderError, UsageError
-from dmlopt.tables import format_table
+from dmlopt.io.tables import format_table
 from dmlopt.targets.dml import host as host_mod
-from dmlopt.validate import compare, make_inputs, output_rows, run as run_cpu
-from dmlopt.bench import profile_summary, profile_table, ratio_summary, ratio_text, same_inputs
-from dmlopt.bench import summary as latency_summary
+from dmlopt.runtime.validate import compare, make_inputs, output_rows, run as run_cpu
+from dmlopt.runtime.bench import profile_summary, profile_table, ratio_summary, ratio_text, same_inputs, summary as latency_summary
 
 __all__ = ["RealEP", "host_line", "placement", "resolve", "retime", "time_model", "time_models", "timer",
            "unavailable", "validate_real"]

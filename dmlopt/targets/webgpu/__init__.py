@@ -1,9 +1,10 @@
 """WebGPU: ORT's WebGpuExecutionProvider (Dawn on D3D12 on Windows, on Vulkan on Linux), the EP
 Microsoft points DirectML users to.  What is true of it lives here:
 
-- ``host``: how dmlopt runs a model on it (the ``onnxruntime-ep-webgpu`` plug-in registered into the
+- the host, how dmlopt runs a model on it (the ``onnxruntime-ep-webgpu`` plug-in registered into the
   installed onnxruntime; on a machine whose ORT device discovery finds no GPU, the plug-in's own
-  software-adapter switch), and which adapter Dawn gets (``adapter``).
+  software-adapter switch), lives a floor below in ``dmlopt.runtime.webgpu_host``, since every
+  session needs it; which adapter Dawn gets, in ``dmlopt.runtime.vulkan``.
 - ``kernels``: what its kernels compute, measured on the adapter: a fused site is probed on the EP
   against the CPU EP before a pass writes it (its MultiHeadAttention is wrong from 32 tokens on
   under lavapipe).

@@ -19,7 +19,7 @@ import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 
-from dmlopt import ort_model, runtime
+from dmlopt.runtime import ort_model, sessions as runtime
 from dmlopt.errors import DmlOptError
 
 # Relative L2 error above which a probed kernel is wrong (float32: the CPU EP and a correct GPU kernel

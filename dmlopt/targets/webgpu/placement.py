@@ -21,13 +21,15 @@ from typing import Any, Mapping
 import onnx
 import onnx_ir as ir
 
-from dmlopt import runtime, scratch
+from dmlopt.io import scratch
+from dmlopt.runtime import sessions as runtime
 from dmlopt.errors import DmlOptError
-from dmlopt.graph_capture import Readiness, _blocker, _dynamic_inputs
+from dmlopt.targets.graph_capture import Readiness, _blocker, _dynamic_inputs
 from dmlopt.target import installed_ort_version
 from dmlopt.targets.dml import ort_log
-from dmlopt import vulkan as adapter
-from dmlopt.targets.webgpu import host, registry
+from dmlopt.runtime import vulkan as adapter
+from dmlopt.targets.webgpu import registry
+from dmlopt.runtime import webgpu_host as host
 
 PROVIDER = host.PROVIDER
 CONTROL_FLOW = ("If", "Loop", "Scan")

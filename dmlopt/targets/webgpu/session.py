@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from dmlopt.graph_capture import Readiness
+from dmlopt.targets.graph_capture import Readiness
 from dmlopt.targets.webgpu import registry
 
 Put = Callable[[str, str, Any, str], None]

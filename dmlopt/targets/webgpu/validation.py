@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dmlopt.validate import validate
-from dmlopt import vulkan as adapter
+from dmlopt.runtime.validate import validate
+from dmlopt.runtime import vulkan as adapter
 
 WORSE_THAN_BASELINE = 2.0
 

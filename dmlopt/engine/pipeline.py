@@ -18,23 +18,26 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from dmlopt import bench, fp16_repair, input_sizes, runtime, session_config
-from dmlopt import report as report_mod
-from dmlopt import tune as tuning
-from dmlopt.progress import ticking
+from dmlopt.engine import fp16_repair
+from dmlopt.graph import input_sizes
+from dmlopt.runtime import bench, sessions as runtime
+from dmlopt.targets import session_config
+from dmlopt.report import optimize_report as report_mod
+from dmlopt.engine import tune as tuning
+from dmlopt.io.progress import ticking
 from dmlopt.errors import TEXT_WIDTH, CheckFailed, DmlOptError, InputError, UsageError, printable
-from dmlopt.graph_capture import graph_capture_readiness, with_measured_placement
+from dmlopt.targets.graph_capture import graph_capture_readiness, with_measured_placement
 from dmlopt.targets.dml import placement
-from dmlopt.graph_check import PassBroke, check_model, op_counts
-from dmlopt.model import ModelLike, check_input, initializer_bytes, load
+from dmlopt.graph.check import PassBroke, check_model, op_counts
+from dmlopt.io.model import ModelLike, check_input, initializer_bytes, load
 from dmlopt.passes import DmlPass, EngineSettings, Option, OptionStore, PassContext, all_passes
-from dmlopt.shapes import check_shapes
+from dmlopt.graph.shapes import check_shapes
 from dmlopt.target import Target
 from dmlopt.targets.webgpu import kernels as webgpu_kernels
 from dmlopt.targets.webgpu import placement as webgpu_placement
 from dmlopt.targets.webgpu import validation as webgpu_validation
 from dmlopt.targets.dml import real_ep
-from dmlopt.validate import validate as run_validation
+from dmlopt.runtime.validate import validate as run_validation
 
 # The model's metadata entry naming the target dmlopt optimized it for.
 TARGET_KEY = bench.TARGET_KEY
@@ -214,7 +217,7 @@ def optimize(model: ModelLike, *, shapes: Mapping[str, Sequence[int]] | None = N
     rep.target_resolved = resolved.describe()
     explicit = passes is not None
     run = PassRunner(pass_classes, context, explicit=explicit, strict=_strict_clean(original))
-    # Options left to choose are decided first, each candidate as the whole pipeline's output (dmlopt.tune);
+    # Options left to choose are decided first, each candidate as the whole pipeline's output (dmlopt.engine.tune);
     # the choices join the store apart from the user's settings.
     outcome = tuning.resolve(tuning.steps(pass_classes, context, validate_output=validate), original, context, run,
                              check=dict(inputs=inputs, atol=atol, rtol=rtol), progress=progress)
@@ -413,7 +416,7 @@ def _fp16_repair_position(run: PassRunner, only: set[int] | None) -> int | None:
 
 
 def _repair_fp16(original, work, start, at, run, only, rep, check, progress) -> ir.Model:
-    """float16 failed validation: keep in float32 the nodes that need it (dmlopt.fp16_repair) by
+    """float16 failed validation: keep in float32 the nodes that need it (dmlopt.engine.fp16_repair) by
     replaying fp16 and the passes after it (from `start`, the model before pass `at`) with a keep
     set.  The model that passed, or `work`."""
     common_passes.NameFixPass()(start)  # the keep set names nodes: every node needs a unique name

@@ -12,7 +12,7 @@ it only when the user has not, and says so (``describe``).
 A plug-in library that crashes when it is loaded or makes its first session (abort() in a
 constructor, a broken driver under Dawn) would take the whole command with it (exit 134, "the
 worker process died of SIGABRT").  So before this process registers it, a child process does the
-same (``python -m dmlopt.targets.webgpu.host``: registration, devices, one session on a one-node
+same (``python -m dmlopt.runtime.webgpu_host``: registration, devices, one session on a one-node
 model), once per process; a child that dies makes the EP unavailable here with one line naming
 the library and the signal.
 """

@@ -31,10 +31,10 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import onnx_ir as ir
 
-from dmlopt import bench, runtime
+from dmlopt.runtime import bench, sessions as runtime
 from dmlopt.errors import DmlOptError, ProviderError, UsageError
 from dmlopt.passes import DmlPass, Option, OptionStore, PassContext
-from dmlopt.validate import DEFAULT_TOLERANCES, validate
+from dmlopt.runtime.validate import DEFAULT_TOLERANCES, validate
 
 TUNE_RUNS = 15
 TUNE_WARMUP = 3
@@ -46,7 +46,7 @@ PRECISION_PASS, PRECISION_OPTION = "fp16", "fp16"
 
 
 class Runner(Protocol):
-    """The pipeline's passes as tuning runs them (dmlopt.pipeline provides it)."""
+    """The pipeline's passes as tuning runs them (dmlopt.engine.pipeline provides it)."""
 
     passes: Sequence[type[DmlPass]]
 

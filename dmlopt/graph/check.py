@@ -3,7 +3,7 @@ descriptions the report records.  They sit below the engine so that the pipeline
 the inspection share them without importing each other.
 
 The check is onnx's checker plus strict shape inference: a pass that breaks the model must be
-caught where it happens (see dmlopt.pipeline).
+caught where it happens (see dmlopt.engine.pipeline).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt.errors import DmlOptError
-from dmlopt.model import without_external_data
-from dmlopt.shape_inference import weightless_proto
+from dmlopt.graph.shape_inference import weightless_proto, without_external_data
 
 
 class PassBroke(DmlOptError):

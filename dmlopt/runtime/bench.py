@@ -45,11 +45,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import input_sizes, runtime, scratch
+from dmlopt.graph import input_sizes
+from dmlopt.io import scratch
+from dmlopt.runtime import sessions as runtime
 from dmlopt.errors import InputError, ProviderError, UsageError, printable_tree
-from dmlopt.progress import bar_for
-from dmlopt.tables import format_table
-from dmlopt.validate import as_input_type, make_inputs, shapes_text
+from dmlopt.io.progress import bar_for
+from dmlopt.io.tables import format_table
+from dmlopt.runtime.validate import as_input_type, make_inputs, shapes_text
 
 # Provider options dmlopt knows, with their allowed values (None: any value).  Other keys
 # are passed to ORT as they are.  Keys starting with "session." are session config entries.

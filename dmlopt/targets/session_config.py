@@ -25,9 +25,9 @@ from typing import Any, Mapping
 import onnx_ir as ir
 
 from dmlopt.errors import OutputError, printable
-from dmlopt.graph_capture import Readiness
-from dmlopt.jsontext import json_text
-from dmlopt.model import check_destination, write_text
+from dmlopt.targets.graph_capture import Readiness
+from dmlopt.io.jsontext import json_text
+from dmlopt.io.model import check_destination, write_text
 from dmlopt.target import Target
 from dmlopt.targets.webgpu import session as webgpu_session
 
@@ -172,7 +172,7 @@ def cpu_stand_in(cfg: Mapping[str, Any]) -> dict[str, Any]:
     out["provider"] = PROVIDERS["cpu"]
     out["provider_options"] = {}
     out["reasons"] = {k: v for k, v in out["reasons"].items() if not k.startswith("provider_options.")}
-    out["stand_in"] = f"{cfg['provider']} replaced by CPUExecutionProvider (dmlopt.session_config.cpu_stand_in)"
+    out["stand_in"] = f"{cfg['provider']} replaced by CPUExecutionProvider (dmlopt.targets.session_config.cpu_stand_in)"
     return out
 
 

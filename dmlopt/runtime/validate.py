@@ -25,14 +25,15 @@ from typing import Any, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from dmlopt import input_sizes, input_values, runtime
+from dmlopt.graph import input_sizes, input_values
+from dmlopt.runtime import sessions as runtime
 from dmlopt.errors import CELL_WIDTH, TEXT_WIDTH, InputError, UsageError, printable
-from dmlopt.inputs_file import Archive, open_npz
-from dmlopt.model import ModelLike, load
-from dmlopt.names import numbered_name
-from dmlopt.shape_inference import infer_shapes
-from dmlopt.shapes import check_shapes
-from dmlopt.tables import format_table
+from dmlopt.io.inputs_file import Archive, open_npz
+from dmlopt.io.model import ModelLike, load
+from dmlopt.graph.names import numbered_name
+from dmlopt.graph.shape_inference import infer_shapes
+from dmlopt.graph.shapes import check_shapes
+from dmlopt.io.tables import format_table
 
 # dtype name -> (atol, rtol): the error allowed, `rtol` relative to the reference's own scale
 # (see `compare` for the rule; README "Validation rule" for the measurements behind the numbers).
@@ -132,17 +133,17 @@ def shapes_text(inputs: Mapping[str, list[int]], basis: list[str] | None = None)
 
 def load_inputs(path: str | os.PathLike) -> Archive:
     """An --inputs .npz, sized and compared with the model by header before it is read
-    (dmlopt.inputs_file)."""
+    (dmlopt.io.inputs_file)."""
     return open_npz(path)
 
 
 def make_inputs(ref, cand, shapes=None, dims=None, inputs=None, seed: int = 0, *,
                 basis: list[str] | None = None, unread: list[str] | None = None) -> dict[str, np.ndarray]:
     """Inputs both models accept: given ones, else seeded random ones of sizes that exercise the
-    model (dmlopt.input_sizes: the candidate's static dims first, so a shape-fixed output and its
+    model (dmlopt.graph.input_sizes: the candidate's static dims first, so a shape-fixed output and its
     dynamic original run the same inputs).  `basis` gets where each chosen size came from.
     Inputs the graph uses as sizes, axes, indices or divisors get values valid there
-    (dmlopt.input_values; noted in `basis`); `unread` gets the integer inputs left random.
+    (dmlopt.graph.input_values; noted in `basis`); `unread` gets the integer inputs left random.
 
     Arrays of the file that are not inputs (an .npz that also holds reference outputs) are left out."""
     if isinstance(inputs, (str, os.PathLike)):

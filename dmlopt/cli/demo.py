@@ -16,13 +16,13 @@ import pathlib
 import sys
 import time
 
-from dmlopt import bench, runtime
+from dmlopt.runtime import bench, sessions as runtime
 
 from dmlopt.targets.dml import placement
-from dmlopt.inspection import inspect
-from dmlopt.model import load, save
-from dmlopt.pipeline import optimize
-from dmlopt.tables import format_table
+from dmlopt.report.inspection import inspect
+from dmlopt.io.model import load, save
+from dmlopt.engine.pipeline import optimize
+from dmlopt.io.tables import format_table
 
 BUNDLED = (
     # (label, file, what it shows)

@@ -28,8 +28,8 @@ import onnx_ir as ir
 
 from dmlopt.errors import DmlOptError, UsageError
 from dmlopt.passes import DmlPass
-from dmlopt.shape_inference import infer_shapes
-from dmlopt.validate import Validation, compare, make_inputs, run
+from dmlopt.graph.shape_inference import infer_shapes
+from dmlopt.runtime.validate import Validation, compare, make_inputs, run
 
 FP16_MAX = float(np.finfo(np.float16).max)
 FP16_TINY = float(np.finfo(np.float16).tiny)  # smallest normal, 2**-14

@@ -3,7 +3,7 @@ WebGPU EP) takes, and which device vkd3d gives DirectML under Wine.
 
 Why: GPU times mean nothing without the device they were measured on, and a software device
 (Mesa's lavapipe, type CPU) must never yield a speed claim or a tuning choice.  One reader for
-both targets; ``python -m dmlopt.vulkan`` prints the list as JSON, for a caller that keeps a
+both targets; ``python -m dmlopt.runtime.vulkan`` prints the list as JSON, for a caller that keeps a
 possibly crashing driver out of its own process (the DirectML host does).  ORT does not say
 which adapter Dawn picked, so dmlopt lists what Vulkan offers (Dawn prefers a discrete GPU, then an
 integrated one, and takes a CPU adapter only when nothing else is there) and names the one Dawn

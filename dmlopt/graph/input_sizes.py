@@ -34,7 +34,7 @@ import onnx
 import onnx_ir as ir
 
 from dmlopt.errors import InputError
-from dmlopt.shape_inference import data_propagation_allowed, weightless_proto
+from dmlopt.graph.shape_inference import data_propagation_allowed, weightless_proto
 
 # Spatial sizes start here (a multiple of the total stride at least this large).
 SPATIAL_FLOOR = 32

@@ -7,17 +7,17 @@ wait, and `timeout` or `docker stop` could not end dmlopt.  So when dmlopt runs 
 process group, and the parent only waits:
 
   - SIGINT, SIGTERM or SIGHUP to the parent is passed on to the worker, whose own handlers
-    (dmlopt.cli) clean up as always and exit 130/143/129 with their one line;
+    (dmlopt.cli.commands) clean up as always and exit 130/143/129 with their one line;
   - a worker still alive `GRACE_S` seconds later (stuck in native code), or at a second
     signal, is killed with its group (SIGKILL), and with every process that left the group but
-    inherited the worker's environment (dmlopt.process_tree: the DirectML host's Wine server and
+    inherited the worker's environment (dmlopt.runtime.process_tree: the DirectML host's Wine server and
     services), and the parent removes what it left: every
     scratch folder or file and every output not yet complete that the worker noted in its
-    ledger (dmlopt.scratch.created/settled; outputs go in place as one transaction,
-    dmlopt.outputs), then prints the same line the worker would have and exits 128 + signal.
+    ledger (dmlopt.io.scratch.created/settled; outputs go in place as one transaction,
+    dmlopt.io.outputs), then prints the same line the worker would have and exits 128 + signal.
 
 A worker that dies by itself (out of memory, a crash in native code) is cleaned up the same way
-and named.  `dmlopt.cli.main(argv)` called from Python runs in-process, unsupervised (a host's
+and named.  `dmlopt.cli.commands.main(argv)` called from Python runs in-process, unsupervised (a host's
 own signals are its own).  Without fork (Windows) the command runs in-process too: there,
 Ctrl-C still cannot interrupt native code.
 """
@@ -34,7 +34,8 @@ import threading
 import time
 from typing import Callable
 
-from dmlopt import process_tree, scratch
+from dmlopt.io import scratch
+from dmlopt.runtime import process_tree
 from dmlopt.errors import printable
 
 GRACE_S = 3.0  # seconds the worker has to clean up after a signal before it is killed

@@ -37,7 +37,7 @@ from typing import Any
 import onnx_ir as ir
 
 from dmlopt.targets.dml import placement as placement_mod
-from dmlopt import runtime
+from dmlopt.runtime import sessions as runtime
 from dmlopt.target import Target, parse_version
 from dmlopt.errors import UsageError
 

@@ -10,15 +10,16 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt import input_sizes, runtime
+from dmlopt.graph import input_sizes
+from dmlopt.runtime import sessions as runtime
 from dmlopt.errors import printable, printable_tree
 from dmlopt.targets.dml import placement
 from dmlopt.targets.webgpu import placement as webgpu_placement
-from dmlopt.graph_capture import graph_capture_readiness
-from dmlopt.graph_check import describe_values, has_subgraphs, op_counts
-from dmlopt.model import ModelLike, check_input, initializer_bytes, load
-from dmlopt.tables import format_table
-from dmlopt.validate import shapes_text
+from dmlopt.targets.graph_capture import graph_capture_readiness
+from dmlopt.graph.check import describe_values, has_subgraphs, op_counts
+from dmlopt.io.model import ModelLike, check_input, initializer_bytes, load
+from dmlopt.io.tables import format_table
+from dmlopt.runtime.validate import shapes_text
 from dmlopt.target import Target
 
 SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Range", "ConstantOfShape",

@@ -20,24 +20,27 @@ import sys
 import threading
 from typing import Iterator, Sequence
 
-from dmlopt import arg_types, bench, demo, outputs, runtime, scratch, session_config, supervisor
+from dmlopt.cli import arg_types, demo, supervisor
+from dmlopt.io import outputs, scratch
+from dmlopt.runtime import bench, sessions as runtime
+from dmlopt.targets import session_config
 
 from dmlopt.targets.dml import calibrate, emulate, real_ep
 from dmlopt.targets.dml import host as dml_host
 from dmlopt.targets.webgpu import placement as webgpu_placement
-from dmlopt import report as report_mod
+from dmlopt.report import optimize_report as report_mod
 from dmlopt.errors import LINE_WIDTH, CheckFailed, DmlOptError, InputError, UsageError, printable, printable_tree
-from dmlopt.graph_capture import graph_capture_readiness
-from dmlopt.inputs_file import open_npz
-from dmlopt.inspection import inspect, to_table
-from dmlopt.jsontext import json_text
-from dmlopt.model import check_destination, check_input, load, protected_paths, save
+from dmlopt.targets.graph_capture import graph_capture_readiness
+from dmlopt.io.inputs_file import open_npz
+from dmlopt.report.inspection import inspect, to_table
+from dmlopt.io.jsontext import json_text
+from dmlopt.io.model import check_destination, check_input, load, protected_paths, save
 from dmlopt.passes import all_passes
-from dmlopt.pipeline import optimize, pass_options
-from dmlopt.progress import Steps, is_terminal, ticking
-from dmlopt.shapes import parse_dim, parse_shape
-from dmlopt.validate import validate
-from dmlopt.tables import format_table
+from dmlopt.engine.pipeline import optimize, pass_options
+from dmlopt.io.progress import Steps, is_terminal, ticking
+from dmlopt.graph.shapes import parse_dim, parse_shape
+from dmlopt.runtime.validate import validate
+from dmlopt.io.tables import format_table
 from dmlopt.version import __version__
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -185,7 +188,7 @@ def _shapes(args) -> tuple[dict, dict]:
 
 
 def _progress(args):
-    """Step lines and bars on an interactive stderr (dmlopt.progress); None with -q or when piped."""
+    """Step lines and bars on an interactive stderr (dmlopt.io.progress); None with -q or when piped."""
     if getattr(args, "quiet", False) or not is_terminal(sys.stderr):
         return None
     return Steps(sys.stderr)
@@ -314,7 +317,7 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command.  Run as a program (no `argv`: the console script, ``python -m dmlopt``) it
     works in a supervised child process that a signal can stop even inside native code
-    (dmlopt.supervisor); called with `argv` it runs in this process."""
+    (dmlopt.cli.supervisor); called with `argv` it runs in this process."""
     if argv is None:
         return supervisor.run(lambda: _main(sys.argv[1:]))
     return _main(argv)
@@ -398,7 +401,7 @@ def cmd_optimize(args) -> int:
             raise CheckFailed(f"the float32 sibling ({printable(sibling_path)}) does not match the original; "
                               "nothing was written")
     sibling_files = (sibling_path, sibling_path + ".data") if sibling is not None else ()
-    # One transaction: every file is staged first, then all are renamed (dmlopt.outputs).
+    # One transaction: every file is staged first, then all are renamed (dmlopt.io.outputs).
     with (args.writes.writing(output, output + ".data", session_path, args.report, *sibling_files),
           outputs.transaction()):
         if ok or args.force:

@@ -31,7 +31,7 @@ The JSON schema (documented in README.md, key names are stable):
   placement    {before, after} predicted DirectML placement, when computed
   graph_capture  {target, provider, ort_version, ready, line, basis, blockers [{kind, summary, detail,
                nodes, known}], warnings}: graph-capture readiness of the output (targets dml, cuda)
-  session_config {config, path, snippet}: the recommended session (dmlopt.session_config), the file
+  session_config {config, path, snippet}: the recommended session (dmlopt.targets.session_config), the file
                written beside the output (null with --no-session-config) and the Python that loads it
   written      the output path, or null when nothing was written
 """
@@ -44,14 +44,14 @@ from typing import Any
 
 import onnx_ir as ir
 
-from dmlopt import html_report
+from dmlopt.report import html_page as html_report
 from dmlopt.errors import TEXT_WIDTH, UsageError, printable, printable_tree
-from dmlopt.graph_check import describe_values, op_counts
+from dmlopt.graph.check import describe_values, op_counts
 from dmlopt.targets.dml import real_ep
-from dmlopt.jsontext import json_text
-from dmlopt.model import initializer_bytes, write_text
-from dmlopt.tables import format_table
-from dmlopt.validate import RULE, output_rows, shapes_text
+from dmlopt.io.jsontext import json_text
+from dmlopt.io.model import initializer_bytes, write_text
+from dmlopt.io.tables import format_table
+from dmlopt.runtime.validate import RULE, output_rows, shapes_text
 from dmlopt.version import __version__
 
 DML_PROVIDER = "DmlExecutionProvider"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from typing import Any, Iterable, Sequence
 
-from dmlopt.validate import RULE, result_text
+from dmlopt.runtime.validate import RULE, result_text
 
 # Bars in the op histogram (the rest are in the table).
 HISTOGRAM_OPS = 24
@@ -67,7 +67,7 @@ def esc(value: Any) -> str:
 
 
 def render(report) -> str:
-    """The whole page for a `dmlopt.report.Report` (or its ``to_dict()``)."""
+    """The whole page for a `dmlopt.report.optimize_report.Report` (or its ``to_dict()``)."""
     r = report.to_dict() if hasattr(report, "to_dict") else dict(report)
     sections = [
         _header(r),

@@ -4,7 +4,7 @@
 SAM ViT-B (360 MB) each call cost ~2 s, and the placement model runs it once per folding round.
 Inference needs only the weights' types and shapes, so the proto made here declares every large
 main-graph initializer as a graph input of the same type and shape (the trick
-``dmlopt.model.without_external_data`` plays for the checker) and holds no large tensor data;
+``without_external_data`` plays for the checker, below) and holds no large tensor data;
 the inferred types and shapes are then copied back onto the model's values by name.
 
 Small initializers keep their data: inference reads constant inputs (Reshape's shape, Slice's
@@ -102,6 +102,35 @@ def weightless_proto(model: ir.Model) -> onnx.ModelProto:
     check_function_expansion(model)
     small, large = split_initializers(model)
     return proto_with(model, initializers=small, extra_inputs=[_declaration(v) for v in large])
+
+
+def without_external_data(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The checker would look for external files relative to the working folder (and read
+    them).  The data was checked at load time, so each external initializer is checked as a
+    graph input of the same type and shape instead: checker and shape inference need only that."""
+    for graph in nested_graphs(proto.graph):
+        external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        if not external:
+            continue
+        keep = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        declared = {i.name for i in graph.input}
+        for t in external:
+            if t.name not in declared:
+                graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return proto
+
+
+def nested_graphs(graph: onnx.GraphProto):
+    """`graph` and every graph in its nodes' attributes, at any depth."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from nested_graphs(attr.g)
+            for g in attr.graphs:
+                yield from nested_graphs(g)
 
 
 def split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]]:

@@ -19,11 +19,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dmlopt import input_sizes, limits, scratch
+from dmlopt import limits
+from dmlopt.graph import input_sizes
+from dmlopt.io import scratch
 from dmlopt.errors import TEXT_WIDTH, InputError, ProviderError, printable
-from dmlopt.shape_inference import check_function_expansion, proto_with, split_initializers, weightless_proto
-from dmlopt import vulkan as webgpu_adapter
-from dmlopt.targets.webgpu import host as webgpu_host
+from dmlopt.graph.shape_inference import check_function_expansion, proto_with, split_initializers, weightless_proto
+from dmlopt.runtime import vulkan as webgpu_adapter, webgpu_host
 
 PROVIDERS = {
     "dml": "DmlExecutionProvider",
@@ -59,7 +60,7 @@ def available_providers() -> list[str]:
 
 
 def has_target(target: str) -> bool:
-    if target == "webgpu":  # a plug-in: present once registered with a device (dmlopt.targets.webgpu.host)
+    if target == "webgpu":  # a plug-in: present once registered with a device (dmlopt.runtime.webgpu_host)
         return webgpu_missing() is None
     return PROVIDERS[target] in available_providers()
 
@@ -303,7 +304,7 @@ def session(model: ir.Model, target: str = "cpu", *, provider_options=None, opti
 
 # A copy dmlopt writes for ORT (model_source, shared_weights_source): ORT's messages name it.
 TEMP_COPY = re.compile(r"\S*dmlopt-ort-[^/\\\s]*[/\\]model\.onnx(\.data)?")
-SOURCE_KEY = "dmlopt.source"  # model.meta: the file a model was loaded from (dmlopt.model.load)
+SOURCE_KEY = "dmlopt.source"  # model.meta: the file a model was loaded from (dmlopt.io.model.load)
 
 
 def users_file(text: str, model: ir.Model) -> str:
@@ -374,7 +375,7 @@ def input_specs(model: ir.Model, shapes: Mapping[str, list[int]] | None = None,
                 fixed: Mapping[tuple[str, int], int] | None = None,
                 basis: list[str] | None = None) -> dict[str, tuple[list[int], Any]]:
     """Concrete (shape, numpy dtype) per graph input: user shapes and dims, then the sizes the
-    model implies (dmlopt.input_sizes; FreeDims, an InputError, when nothing sizes a dim).
+    model implies (dmlopt.graph.input_sizes; FreeDims, an InputError, when nothing sizes a dim).
     `fixed`: sizes by (input, axis) from another model; `basis` gets where each size came from."""
     for value in input_sizes.runtime_inputs(model):
         if value.type is not None and not isinstance(value.type, ir.TensorType):

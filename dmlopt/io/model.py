@@ -22,10 +22,12 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from dmlopt import limits, outputs, scratch
+from dmlopt import limits
+from dmlopt.io import outputs, scratch
 from dmlopt.errors import InputError, OutputError, printable
-from dmlopt.proto_stream import save_inline
-from dmlopt.shape_inference import split_initializers, tensor_bytes, weightless_proto
+from dmlopt.io.proto_stream import save_inline
+from dmlopt.graph.shape_inference import (nested_graphs, split_initializers, tensor_bytes,
+                                          weightless_proto, without_external_data)
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto, ir.Model]
 
@@ -182,34 +184,6 @@ def _known_opsets() -> dict[str, int]:
     return newest
 
 
-def without_external_data(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The checker would look for external files relative to the working folder (and read
-    them).  The data was checked at load time, so each external initializer is checked as a
-    graph input of the same type and shape instead: checker and shape inference need only that."""
-    for graph in _graphs(proto.graph):
-        external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-        if not external:
-            continue
-        keep = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
-        declared = {i.name for i in graph.input}
-        for t in external:
-            if t.name not in declared:
-                graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    return proto
-
-
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _graphs(attr.g)
-            for g in attr.graphs:
-                yield from _graphs(g)
-
-
 def _check_has_graph(proto: onnx.ModelProto, where: str) -> None:
     if not proto.HasField("graph"):
         raise InputError(f"{where}: not an ONNX model (no graph)")
@@ -219,7 +193,7 @@ def _check_has_graph(proto: onnx.ModelProto, where: str) -> None:
 
 def _check_unique_initializers(proto: onnx.ModelProto, where: str) -> None:
     """Two initializers of one name: onnx_ir would keep one and ORT "the latest", silently."""
-    for graph in _graphs(proto.graph):
+    for graph in nested_graphs(proto.graph):
         seen = set()
         for t in graph.initializer:
             if t.name in seen:
@@ -277,10 +251,10 @@ def _check_no_sparse_tensors(proto: onnx.ModelProto, where: str) -> None:
 def _graph_protos(proto: onnx.ModelProto):
     """The main graph, its subgraphs, and every model-local function's body (as a node list
     holder with no initializers) and subgraphs."""
-    yield from _graphs(proto.graph)
+    yield from nested_graphs(proto.graph)
     for function in proto.functions:
         holder = onnx.GraphProto(node=function.node)
-        yield from _graphs(holder)
+        yield from nested_graphs(holder)
 
 
 def _check_external_data(proto: onnx.ModelProto, base: pathlib.Path, where: str) -> None:

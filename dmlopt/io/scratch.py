@@ -8,7 +8,7 @@ call `raise_or_defer`, and the creation and removal of each scratch folder run `
 an interrupt that arrives there is raised as soon as the block ends, the folder gone.  Outside
 the command line (the Python API) the block itself defers Ctrl-C the same way, while it lasts.
 
-A process that is killed (SIGKILL after a grace, by dmlopt's supervisor: dmlopt.supervisor) runs
+A process that is killed (SIGKILL after a grace, by dmlopt's supervisor: dmlopt.cli.supervisor) runs
 no cleanup at all, so every scratch path and every destination not yet complete is also noted in
 a ledger, when the supervisor gave one (`created`, `settled`): the supervisor removes what is
 left in it.  Temporary names are cut to a bounded length so that an output name that is itself
@@ -30,7 +30,7 @@ from typing import Iterator
 
 from dmlopt.errors import OutputError, printable
 
-LEDGER_ENV = "DMLOPT_SCRATCH_LEDGER"  # set by dmlopt.supervisor for its worker
+LEDGER_ENV = "DMLOPT_SCRATCH_LEDGER"  # set by dmlopt.cli.supervisor for its worker
 # Characters of a destination's name kept in its temporary names (".NAME.XXXXXXXX.tmp").
 TEMP_NAME_CHARS = 64
 

@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import Iterator
 
-from dmlopt import scratch
+from dmlopt.io import scratch
 from dmlopt.errors import OutputError, printable
 
 
