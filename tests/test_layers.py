@@ -32,7 +32,8 @@ LAYERS = {
     "report": ["dmlopt.report"],
     "engine": ["dmlopt.engine"],
     "cli": ["dmlopt.cli"],
-    "api": ["dmlopt", "dmlopt.__main__"],
+    # The API, and the old module paths the README named, kept as aliases of their new homes.
+    "api": ["dmlopt", "dmlopt.__main__", "dmlopt.session_config", "dmlopt.graph_capture"],
 }
 # Imports of dmlopt inside a function that are allowed, as (module, imported module): the API's
 # functions on first use and the entry point's commands, so that `import dmlopt`, `dmlopt --help`
@@ -159,6 +160,9 @@ def test_passes_import_no_sibling_pass():
 # The checks must be able to fail: each is shown a module with the fault added to its real source.
 @pytest.mark.parametrize("module, line, check", [
     ("dmlopt.runtime.bench", "from dmlopt.targets.dml import placement\n", upward_imports),
+    ("dmlopt.graph.check", "from dmlopt.io.model import save\n", upward_imports),
+    ("dmlopt.runtime.sessions", "from dmlopt.targets.webgpu import registry\n", upward_imports),
+    ("dmlopt.io.tables", "from dmlopt.report import optimize_report\n", upward_imports),
     ("dmlopt.report.optimize_report", "from dmlopt.engine.pipeline import optimize\n", upward_imports),
     ("dmlopt.runtime.sessions", "from dmlopt.runtime import validate\n", cycles),  # validate imports sessions
     ("dmlopt.runtime.validate", "def later():\n    from dmlopt.graph import shapes\n", function_imports),
@@ -167,6 +171,22 @@ def test_passes_import_no_sibling_pass():
 def test_checks_catch_a_fault(module, line, check):
     source = MODULES[module].read_text(encoding="utf-8") + "\n" + line
     assert check(import_graph({module: source})), f"{check.__name__} missed: {line!r} in {module}"
+
+
+def test_a_module_takes_its_folders_layer():
+    """A new module in a folder is placed by its folder; a new module at dmlopt/'s top is not."""
+    assert layer_of("dmlopt.runtime.anything_new") == layer_of("dmlopt.runtime.sessions")
+    assert layer_of("dmlopt.report.anything_new") > layer_of("dmlopt.passes.anything_new") \
+        > layer_of("dmlopt.targets.anything_new")
+    with pytest.raises(KeyError):
+        layer_of("dmlopt.anything_new")
+
+
+def test_every_folder_says_what_it_holds():
+    """Each folder's __init__.py opens with its docstring: what lives there, what it may import."""
+    silent = [m for m, path in MODULES.items() if path.name == "__init__.py" and path.parent != ROOT / "dmlopt"
+              and not ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not silent, f"say in a docstring what these folders hold: {silent}"
 
 
 def test_imports_within_a_layer_are_allowed():
