@@ -760,12 +760,18 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
         runs = max(RETIME_MIN_RUNS, min(RETIME_MAX_RUNS, int(RETIME_BUDGET_S / max(pair_s, 1e-6))))
     result = alternate(timers, runs=runs, warmup=warmup, baseline="before", progress=progress,
                        label=f"timing before/after on {runtime.PROVIDERS[target]}")
+    return {**before_after(result, feeds, basis, runs), **device_note(target)}
+
+
+def before_after(result: Mapping[str, Any], feeds: Mapping[str, np.ndarray], basis: list[str],
+                 runs: int) -> dict[str, Any]:
+    """The report's ``timing`` from a comparison of models "before" and "after" (`compare`'s shape,
+    made here or on the DirectML host: dmlopt.targets.dml.real_ep.retime)."""
     b, a = result["models"]["before"], result["models"]["after"]
     return {"provider": result["provider"], "before_ms": b["latency_ms"]["median"],
             "after_ms": a["latency_ms"]["median"], "speedup": 1.0 / a["ratio_median"],
             "ratio_median": a["ratio_median"], "ratio": a["ratio"], "verdict": ratio_text(a["ratio"]),
-            "inputs": {k: list(v.shape) for k, v in feeds.items()}, "input_basis": basis, "runs": runs,
+            "inputs": {k: list(np.shape(v)) for k, v in feeds.items()}, "input_basis": basis, "runs": runs,
             "before": b["latency_ms"], "after": a["latency_ms"],
             "load_s_before": b["load_s"], "load_s_after": a["load_s"],
-            "copies_before": b["copies"], "copies_after": a["copies"], "io_binding": a["io_binding"],
-            **device_note(target)}
+            "copies_before": b["copies"], "copies_after": a["copies"], "io_binding": a.get("io_binding", "none")}

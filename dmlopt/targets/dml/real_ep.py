@@ -25,7 +25,8 @@ from dmlopt.errors import ProviderError, UsageError
 from dmlopt.io.tables import format_table
 from dmlopt.targets.dml import host as host_mod
 from dmlopt.runtime.validate import compare, make_inputs, output_rows, run as run_cpu
-from dmlopt.runtime.bench import profile_summary, profile_table, ratio_summary, ratio_text, same_inputs, summary as latency_summary
+from dmlopt.runtime.bench import before_after, profile_summary, profile_table, ratio_summary, same_inputs
+from dmlopt.runtime.bench import summary as latency_summary
 
 __all__ = ["RealEP", "host_line", "placement", "resolve", "retime", "time_model", "time_models", "timer",
            "unavailable", "validate_real"]
@@ -225,14 +226,8 @@ def retime(before: ir.Model, after: ir.Model, ep: RealEP, *, shapes=None, dims=N
     basis: list[str] = []
     feeds = make_inputs(before, after, shapes, dims, inputs, basis=basis)
     result = time_models({"before": before, "after": after}, ep, feeds, baseline="before", runs=runs, warmup=warmup)
-    b, a = result["models"]["before"], result["models"]["after"]
-    return {"provider": "DmlExecutionProvider", "before_ms": b["latency_ms"]["median"],
-            "after_ms": a["latency_ms"]["median"], "speedup": 1.0 / a["ratio_median"],
-            "ratio_median": a["ratio_median"], "ratio": a["ratio"], "verdict": ratio_text(a["ratio"]),
-            "inputs": result["inputs"], "input_basis": basis, "runs": a["ratio"]["runs"],
-            "before": b["latency_ms"], "after": a["latency_ms"], "load_s_before": b["load_s"],
-            "load_s_after": a["load_s"], "copies_before": b["copies"], "copies_after": a["copies"],
-            "io_binding": "none", "host": result["host"], "how": result["how"]}
+    return {**before_after(result, feeds, basis, result["models"]["after"]["ratio"]["runs"]),
+            "host": result["host"], "how": result["how"]}
 
 
 def timer(ep: RealEP | None):
