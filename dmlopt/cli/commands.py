@@ -635,10 +635,7 @@ def cmd_bench(args) -> int:
     try:
         if args.tune_ep:
             out = bench.tune_ep(model, target, **common)
-        elif args.compare and _same_file_content(args.model, args.compare) and not runtime.has_external_data(model):
-            # the same bytes (weights inside the file): timing them against each other measures only noise
-            print(f"identical models: {printable(args.model)} and {printable(args.compare)} hold the same bytes; "
-                  "nothing to time")
+        elif _identical_models(args, model):
             return EXIT_OK
         elif args.compare:
             other = load(args.compare)
@@ -672,29 +669,37 @@ def _bench_real_dml(args, shapes, dims) -> int:
     if args.profile and args.compare:
         raise UsageError("--profile on the DirectML host profiles one model: drop --compare")
     progress = _progress(args)
-    if args.compare and _same_file_content(args.model, args.compare) and not runtime.has_external_data(load(args.model)):
-        print(f"identical models: {printable(args.model)} and {printable(args.compare)} hold the same bytes; "
-              "nothing to time")
+    model = load(args.model)
+    if _identical_models(args, model):
         return EXIT_OK
     if args.compare:
         if ep.software:
             raise UsageError(f"--compare on the DirectML host: its device is {dml_host.SOFTWARE_NOTE}, whose "
                              "times compare nothing (run it where the host's DirectML is on a GPU)")
-        models = dict(zip(_model_labels(args.model, args.compare), (load(args.model), load(args.compare))))
-        feeds, basis = bench.same_inputs(models, shapes, dims)
+        models = dict(zip(_model_labels(args.model, args.compare), (model, load(args.compare))))
         with ticking(progress, f"bench on the real DirectML EP (ORT {ep.version}, {args.warmup} warm-up + "
                                f"{args.runs} runs, each model in its own host process, twice)"):
-            out = {**real_ep.time_models(models, ep, feeds, runs=args.runs, warmup=args.warmup, progress=progress),
-                   "input_basis": basis}
+            out = real_ep.compare_on_host(models, ep, runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims,
+                                  progress=progress)
         print(json_text(out) if args.json else "\n".join(bench.verdict(out)) if args.quiet
               else bench.to_table(out))
         return EXIT_OK
     with ticking(progress, f"bench {printable(os.path.basename(args.model))} on the real DirectML EP "
                            f"(ORT {ep.version}, {args.warmup} warm-up + {args.runs} runs, one host process)"):
-        out = real_ep.time_model(load(args.model), ep, runs=args.runs, warmup=args.warmup, shapes=shapes,
+        out = real_ep.time_model(model, ep, runs=args.runs, warmup=args.warmup, shapes=shapes,
                                  dims=dims, profile=args.profile)
     print(json_text(out) if args.json else real_ep.time_table(printable_tree(out)))
     return EXIT_OK
+
+
+def _identical_models(args, model) -> bool:
+    """--compare OTHER holding the same bytes as MODEL (weights inside the file): timing them against each
+    other measures only noise; says so."""
+    if not (args.compare and _same_file_content(args.model, args.compare) and not runtime.has_external_data(model)):
+        return False
+    print(f"identical models: {printable(args.model)} and {printable(args.compare)} hold the same bytes; "
+          "nothing to time")
+    return True
 
 
 def _same_file_content(a: str, b: str) -> bool:

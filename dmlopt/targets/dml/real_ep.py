@@ -28,7 +28,7 @@ from dmlopt.runtime.validate import compare, make_inputs, output_rows, run as ru
 from dmlopt.runtime.bench import before_after, profile_summary, profile_table, ratio_summary, same_inputs
 from dmlopt.runtime.bench import summary as latency_summary
 
-__all__ = ["RealEP", "host_line", "placement", "resolve", "retime", "time_model", "time_models", "timer",
+__all__ = ["RealEP", "compare_on_host", "host_line", "placement", "resolve", "retime", "time_model", "time_models", "timer",
            "unavailable", "validate_real"]
 
 IN_PROCESS = "in-process"
@@ -183,7 +183,7 @@ def time_model(model: ir.Model, ep: RealEP, *, runs: int = 20, warmup: int = 3, 
 
 
 def time_models(models: Mapping[str, ir.Model], ep: RealEP, feeds: Mapping[str, np.ndarray], *,
-            baseline: str | None = None, runs: int = 10, warmup: int = 3, progress=None) -> dict[str, Any]:
+                baseline: str | None = None, runs: int = 10, warmup: int = 3, progress=None) -> dict[str, Any]:
     """Several models on the real EP where it is a GPU, in ``bench.compare``'s shape.
 
     Each model runs in its own host process, in the order A B ... B A, so drift over the processes
@@ -230,18 +230,25 @@ def retime(before: ir.Model, after: ir.Model, ep: RealEP, *, shapes=None, dims=N
             "host": result["host"], "how": result["how"]}
 
 
+def compare_on_host(models: Mapping[str, ir.Model], ep: RealEP, *, baseline: str | None = None, runs: int = 10,
+                    warmup: int = 3, shapes=None, dims=None, progress=None) -> dict[str, Any]:
+    """`time_models` on one set of inputs every model accepts (``bench.same_inputs``), as ``bench.compare``
+    does: `bench --ep dml --compare` and tuning's candidates on a host whose device is a GPU."""
+    feeds, basis = same_inputs(models, shapes, dims)
+    return {**time_models(models, ep, feeds, baseline=baseline, runs=runs, warmup=warmup, progress=progress),
+            "input_basis": basis}
+
+
 def timer(ep: RealEP | None):
-    """`time_models` bound to `ep` as tuning times candidates (``tune.Timer``), or None where `ep` is no
-    GPU: no host, or a software device."""
+    """`compare_on_host` bound to `ep` as tuning calls it (``EngineSettings.timer``, called as ``bench.compare``
+    is), or None where `ep` is no GPU: no host, or a software device."""
     if ep is None or ep.software:
         return None
 
-    def time_on_host(models, *, baseline, runs, warmup, shapes=None, dims=None, progress=None, label=None):
-        feeds, basis = same_inputs(models, shapes, dims)
+    def time_on_host(models, *, label=None, progress=None, **kw):
         if progress and label:
             progress(f"{label} on the real DirectML EP (ORT {ep.version})")
-        return {**time_models(models, ep, feeds, baseline=baseline, runs=runs, warmup=warmup, progress=progress),
-                "input_basis": basis}
+        return compare_on_host(models, ep, progress=progress, **kw)
     return time_on_host
 
 
