@@ -19,9 +19,7 @@ from onnxscript.optimizer import _constant_folding as constant_folding
 
 from dmlopt.runtime import sessions as runtime
 from dmlopt.graph.check import PassBroke, check_model
-from dmlopt.graph.shape_inference import without_external_data
 from dmlopt.passes._base import DmlPass, initializers_as_inputs_before_ir4
-from dmlopt.graph.shape_inference import weightless_proto
 
 
 class SkippingFailedFolds(constant_folding.FoldConstantsPass):
@@ -90,25 +88,6 @@ def has_constant_if(model: ir.Model) -> bool:
                for n in ir.traversal.RecursiveGraphIterator(model.graph))
 
 
-def ort_refusal(model: ir.Model) -> str | None:
-    """ONNX Runtime's refusal to load `model` with its basic graph optimizations (which inline an If
-    whose condition is constant), on one line; None when it loads.  Large weights are typed inputs
-    (nothing to read), and a kernel the CPU EP lacks (float16) is no refusal."""
-    ort = runtime.ort()
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 3
-    try:
-        proto = without_external_data(weightless_proto(model))
-        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - whatever ORT raises is the answer
-        if "NOT_IMPLEMENTED" in str(e):
-            return None
-        text = str(e).strip().splitlines()
-        return text[0][:200] if text else type(e).__name__
-    return None
-
-
 def check_failure(model: ir.Model, strict: bool, before: ir.Model | None = None) -> str | None:
     """onnx's checker and shape inference (`strict`: errors fatal) on the model, as the engine checks it;
     with `before` (the model before the fold), a constant-condition If also loads in ONNX Runtime
@@ -119,7 +98,7 @@ def check_failure(model: ir.Model, strict: bool, before: ir.Model | None = None)
     except PassBroke as e:
         return str(e).split("invalid model: ", 1)[-1][:200]
     if before is not None and has_constant_if(model):
-        why = ort_refusal(model)
-        if why and ort_refusal(before) is None:
-            return f"ONNX Runtime refuses it once its optimizer inlines an If with a constant condition: {why}"
+        why = runtime.load_problem(model, level="basic")
+        if why and runtime.load_problem(before, level="basic") is None:
+            return f"ONNX Runtime refuses it once its optimizer inlines an If with a constant condition: {why[:200]}"
     return None

@@ -23,7 +23,8 @@ from dmlopt import limits
 from dmlopt.graph import input_sizes
 from dmlopt.io import scratch
 from dmlopt.errors import TEXT_WIDTH, InputError, ProviderError, printable
-from dmlopt.graph.shape_inference import check_function_expansion, proto_with, split_initializers, weightless_proto
+from dmlopt.graph.shape_inference import (check_function_expansion, proto_with, split_initializers, weightless_proto,
+                                          without_external_data)
 from dmlopt.runtime import vulkan as webgpu_adapter, webgpu_host
 
 PROVIDERS = {
@@ -456,16 +457,20 @@ def _random_array(rng: np.random.Generator, shape: list[int], dtype: np.dtype) -
     return out
 
 
-def load_problem(model: ir.Model) -> str | None:
+def load_problem(model: ir.Model, *, level: str = "disabled") -> str | None:
     """Why ONNX Runtime (this build, CPU EP: every provider falls back to it) cannot load `model`,
     whole, or None: a node no provider implements (a custom domain's op) is a load failure, not a
-    DirectML fallback.  The weights are left out (large ones become inputs), so this is cheap."""
+    DirectML fallback.  The weights are left out (large ones and external ones become inputs), so this
+    is cheap and reads no file.  `level`: ORT's graph optimizations at load ("basic" inlines an If
+    whose condition is constant: the folding passes' check, dmlopt.passes._folding)."""
     rt = ort()
     so = rt.SessionOptions()
-    so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.graph_optimization_level = {"disabled": rt.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                   "basic": rt.GraphOptimizationLevel.ORT_ENABLE_BASIC}[level]
     so.log_severity_level = 4
     try:
-        rt.InferenceSession(weightless_proto(model).SerializeToString(), so, providers=["CPUExecutionProvider"])
+        proto = without_external_data(weightless_proto(model))
+        rt.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ORT raises several types
         text = " ".join(str(e).split())
         return re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", text) or type(e).__name__
