@@ -331,6 +331,8 @@ GOOD_EVENTS = """[{"cat": "Session", "name": "model_run", "ts": 0, "dur": 900},
  {"cat": "Session", "name": "model_run", "ts": 1000, "dur": 900},
  {"cat": "Node", "name": "id_kernel_time", "ts": 1010, "dur": 500,
   "args": {"op_name": "Identity", "provider": "DmlExecutionProvider", "extra": {"deep": [1]}}},
+ {"cat": "Node", "name": "id_kernel_time", "ts": 1020, "dur": NaN, "args": {"op_name": "Identity"}},
+ {"cat": "Node", "name": "id_kernel_time", "ts": 1030, "dur": true, "args": {"op_name": "Identity"}},
  {"cat": "Node", "name": 5, "dur": "x"}, "not an event"]"""
 
 

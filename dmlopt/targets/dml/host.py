@@ -59,7 +59,6 @@ MAX_TIMEOUT_S = 7 * 24 * 3600  # `timeout` and Popen.wait both take it; a larger
 RESULT_BYTES = 2**20  # the runner's result.json: times and a list of outputs
 PROFILE_PREFIX = "ort_profile"  # ORT's profile of a host run: <prefix>_<date>.json in the run's folder
 PROFILE_BYTES = 2**26
-PROFILE_EVENTS = 200_000
 SOFTWARE_NOTE = "software rendering: not GPU speed"
 RUNNER = pathlib.Path(__file__).with_name("runner.js")
 TOOLS = ("wine", "xvfb-run", "timeout")
@@ -473,26 +472,13 @@ def _read_result(path: pathlib.Path, limit: int = RESULT_BYTES) -> Any:
 
 
 def _read_profile(folder: pathlib.Path, original: Callable[[str], str]) -> list[dict[str, Any]] | None:
-    """ORT's profile of the run (onnxruntime-node 1.24+ writes one; None where it wrote none), each
-    event checked as untrusted (the fields dmlopt reads, of their types) and named with the model's
-    own names again."""
+    """ORT's profile of the run (onnxruntime-node 1.24+ writes one; None where it wrote none), checked
+    by host_answer.read_profile and named with the model's own names again."""
     found = sorted(folder.glob(f"{PROFILE_PREFIX}*.json"))
     if not found:
         return None
-    events = _read_result(found[0], PROFILE_BYTES)
-    if not isinstance(events, list):
-        raise host_answer.HostAnswerError(f"{found[0].name} is not a list of profile events")
-    kept = []
-    for e in events[:PROFILE_EVENTS]:
-        if not (isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("cat"), str)
-                and not e["name"].startswith(PROBE_NODE)
-                and isinstance(e.get("dur", 0), (int, float)) and isinstance(e.get("ts", 0), (int, float))):
-            continue
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        kept.append({"cat": e["cat"][:40], "name": original(e["name"][:400]), "dur": float(e.get("dur", 0)),
-                     "ts": float(e.get("ts", 0)),
-                     "args": {k: v[:200] for k, v in args.items() if k in ("op_name", "provider") and isinstance(v, str)}})
-    return kept
+    events = host_answer.read_profile(_read_result(found[0], PROFILE_BYTES), original, found[0].name)
+    return [e for e in events if not e["name"].startswith(PROBE_NODE)]  # dmlopt's placement probe left out
 
 
 FAILURE = re.compile(r"\[E:onnxruntime[^\]]*\]\s*(.*)|(page fault.*)|(Unhandled exception.*)|"

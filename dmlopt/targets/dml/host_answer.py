@@ -15,18 +15,19 @@ import os
 import pathlib
 import re
 import stat
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from dmlopt import limits
 from dmlopt.errors import ProviderError, printable
 
-__all__ = ["HostAnswerError", "Answer", "read_outputs", "read_result"]
+__all__ = ["HostAnswerError", "Answer", "read_outputs", "read_profile", "read_result"]
 
 # What the runner names its files: out<k>.npy in the outputs folder, nothing else.
 OUTPUT_FILE = re.compile(r"^out\d{1,6}\.npy$")
 MAX_FIELD = 200  # a bad value is quoted at most this long
+PROFILE_EVENTS = 200_000  # ORT's profile of a host run: events read at most
 
 
 class HostAnswerError(ProviderError):
@@ -140,3 +141,26 @@ def read_outputs(folder: pathlib.Path, answer: Answer, expected: Mapping[str, tu
                 raise HostAnswerError(f"output {shown!r}: {entry['file']} is damaged "
                                       f"({printable(str(e), MAX_FIELD)})") from None
     return arrays
+
+
+def read_profile(events: Any, rename: Callable[[str], str], file: str) -> list[dict[str, Any]]:
+    """ORT's profile of a host run, parsed: a list of events, of which those with the fields dmlopt reads
+    (cat and name as text, ts and dur finite numbers >= 0, op_name and provider as text) are kept, named
+    by `rename`; anything else in the list is left out, and a file that is no list is a HostAnswerError."""
+    if not isinstance(events, list):
+        raise HostAnswerError(f"{file} is not a list of profile events")
+    kept = []
+    for e in events[:PROFILE_EVENTS]:
+        if not (isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("cat"), str)
+                and all(_plain_number(e.get(k, 0)) for k in ("dur", "ts"))):
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        kept.append({"cat": e["cat"][:40], "name": rename(e["name"][:400]), "dur": float(e.get("dur", 0)),
+                     "ts": float(e.get("ts", 0)),
+                     "args": {k: v[:MAX_FIELD] for k, v in args.items()
+                              if k in ("op_name", "provider") and isinstance(v, str)}})
+    return kept
+
+
+def _plain_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
