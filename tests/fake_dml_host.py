@@ -49,7 +49,12 @@ for i, (inp, out) in enumerate(zip(graph.input, graph.output)):
     data = np.maximum(data, 0) if {relu!r} else data
     np.save(os.path.join(linux(job['outputs_dir']), f'out{{i}}.npy'), data)
     outs.append({{'name': out.name, 'file': f'out{{i}}.npy', 'dtype': 'float32', 'shape': []}})
-ms = {ms}
+""" + _answer(ms)
+
+
+def _answer(ms: str) -> str:
+    """respond.py's last lines: result.json with the outputs listed in `outs` and each time `ms`."""
+    return f"""ms = {ms}
 pathlib.Path(linux(job['result'])).write_text(json.dumps(
     {{'ok': True, 'ort_version': '1.17.3', 'session_ms': 1.0, 'warmup_ms': [ms] * job['warmup'],
      'run_ms': [ms] * max(1, job['runs']), 'outputs': outs}}))
@@ -106,25 +111,21 @@ def cpu_ort(ms: str = "1.0") -> str:
     """respond.py code answering as the runner does for any model: ONNX Runtime's CPU EP computes the
     outputs (right numerics), with as many times as the job asks for, each `ms` (a Python expression;
     `graph` is the model's graph)."""
-    return f"""
+    return """
 import numpy as np, onnx, onnxruntime
 graph = onnx.load(linux(job['model'])).graph
-feeds = {{name: np.load(linux(path)) for name, path in dict(job['inputs']).items()}}
-feeds.update({{name: np.full(dims, 'probe', dtype=object) for name, dims in job.get('strings', [])}})
+feeds = {name: np.load(linux(path)) for name, path in dict(job['inputs']).items()}
+feeds.update({name: np.full(dims, 'probe', dtype=object) for name, dims in job.get('strings', [])})
 try:
     session = onnxruntime.InferenceSession(linux(job['model']), providers=['CPUExecutionProvider'])
     values = session.run(None, feeds)
 except Exception as e:
-    pathlib.Path(linux(job['result'])).write_text(json.dumps({{'ok': False, 'error': str(e)[:300]}}))
+    pathlib.Path(linux(job['result'])).write_text(json.dumps({'ok': False, 'error': str(e)[:300]}))
     raise SystemExit(1)
 outs = []
 for i, (out, data) in enumerate(zip(graph.output, values)):
     if data.dtype == object:  # the placement probe's string output: the runner keeps only tensors of numbers
         continue
-    np.save(os.path.join(linux(job['outputs_dir']), f'out{{i}}.npy'), data)
-    outs.append({{'name': out.name, 'file': f'out{{i}}.npy', 'dtype': str(data.dtype), 'shape': list(data.shape)}})
-ms = {ms}
-pathlib.Path(linux(job['result'])).write_text(json.dumps(
-    {{'ok': True, 'ort_version': '1.17.3', 'session_ms': 1.0, 'warmup_ms': [ms] * job['warmup'],
-     'run_ms': [ms] * max(1, job['runs']), 'outputs': outs}}))
-"""
+    np.save(os.path.join(linux(job['outputs_dir']), f'out{i}.npy'), data)
+    outs.append({'name': out.name, 'file': f'out{i}.npy', 'dtype': str(data.dtype), 'shape': list(data.shape)})
+""" + _answer(ms)
