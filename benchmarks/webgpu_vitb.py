@@ -1,6 +1,6 @@
 """SAM ViT-B 1024 on the WebGPU EP: the export against dmlopt's outputs, timed in one run, with a GPU profile.
 
-    python benchmarks/webgpu_vitb.py --work DIR [--runs 10] [--variants] [--profile-out DIR]
+    python benchmarks/webgpu_vitb.py --work DIR [--runs 10] [--variants] [--graph-capture] [--profile-out DIR]
 
 Rows: the export (float32, the baseline), `--target webgpu`, `--target webgpu --fp16` (validated on the CPU EP
 with dmlopt's float16 rule; the row says whether it passed) and, with --variants, the options the issue asks
@@ -102,6 +102,26 @@ def gpu_profile(model, feeds, runs: int, raw_out: pathlib.Path | None) -> dict:
     return bench.profile_summary(events) or {}
 
 
+def captured_table(models: dict, feeds: dict, args) -> None:
+    """Every row again as dmlopt's session file runs it (enableGraphCapture=1, device inputs/outputs bound once,
+    outputs read back each run), beside the export as ORT runs it by default; one alternation."""
+    timers, notes = {f"{EXPORT} (no capture)": bench.Timer(models[EXPORT], "webgpu", feeds=feeds, profile=False)}, {}
+    for name, model in models.items():
+        try:
+            timers[f"{name} (graph capture)"] = bench.Timer(model, "webgpu", feeds=feeds, profile=False,
+                                                            graph_capture=True)
+        except Exception as e:  # noqa: BLE001 - the row says why it cannot be captured
+            notes[name] = str(e).splitlines()[0]
+    result = bench.alternate(timers, runs=args.runs, warmup=args.warmup)
+    rows = [("model", "median ms", "min-p90 ms", "x export (no capture)")]
+    for name in timers:
+        m, lat = result["models"][name], result["models"][name]["latency_ms"]
+        rows.append((name, f"{lat['median']:.2f}", f"{lat['min']:.1f}-{lat['p90']:.1f}", f"{1.0 / m['ratio_median']:.3f}"))
+    rows += [(f"{name} (graph capture)", "-", "-", f"not captured: {why}") for name, why in notes.items()]
+    print("\nas the session file runs them: graph capture, inputs and outputs on the device (read back each run)")
+    print(format_table(rows), flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default=str(ROOT / ".sam_gpu"), help="where ViT-B is exported and reused")
@@ -115,6 +135,8 @@ def main(argv=None) -> int:
     parser.add_argument("--validate-fp16", action="store_true",
                         help="validate the fp16 row (on the CPU EP and the WebGPU EP: minutes when it fails)")
     parser.add_argument("--profile-out", default=None)
+    parser.add_argument("--graph-capture", action="store_true",
+                        help="time every row again under graph capture, as dmlopt's session file runs a ready model")
     parser.add_argument("--fp16-keep", action="append", default=[], metavar="OPS",
                         help="add a float16 row keeping these comma-separated op types in float32 (repeatable)")
     args = parser.parse_args(argv)
@@ -162,6 +184,8 @@ def main(argv=None) -> int:
             rows.append((name, f"{lat['median']:.2f}", f"{lat['min']:.1f}-{lat['p90']:.1f}", f"{1.0 / m['ratio_median']:.3f}"))
         print(f"\nthe same with provider options {options} (every model)")
         print(format_table(rows), flush=True)
+    if args.graph_capture:
+        captured_table(models, feeds, args)
     out = pathlib.Path(args.profile_out) if args.profile_out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)

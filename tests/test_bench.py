@@ -118,8 +118,9 @@ def test_cuda_graph_needs_static_output_shapes():
 
 
 def test_cuda_graph_on_another_provider_is_a_usage_error(model):
-    with pytest.raises(UsageError, match="--cuda-graph applies to the CUDA EP"):
-        bench.Timer(model, "cpu", cuda_graph=True)
+    for flag in ("cuda_graph", "graph_capture"):
+        with pytest.raises(UsageError, match="graph capture applies to the CUDA and WebGPU EPs"):
+            bench.Timer(model, "cpu", **{flag: True})
 
 
 @pytest.mark.gpu
@@ -297,7 +298,8 @@ def test_bench_bad_arguments_are_one_line_exit_2(cli, model_path):
     for args in (["--runs", "0"], ["--provider-option", "x"], ["--disable-metacommands", "--ep", "cpu"],
                  ["--emulate", "dml-1.14", "--ep", "cpu"], ["--emulate", "cuda-1"],
                  ["--tune-ep", "--compare", str(model_path)], ["--profile", "--warmup", "0"],
-                 ["--cuda-graph", "--ep", "cpu"], ["--cuda-graph", "--profile", "--ep", "cpu"]):
+                 ["--cuda-graph", "--ep", "cpu"], ["--cuda-graph", "--profile", "--ep", "cpu"],
+                 ["--graph-capture", "--ep", "cpu"], ["--graph-capture", "--profile", "--ep", "cpu"]):
         r = cli("bench", model_path, *args)
         assert r.code == 2, args
         assert len([l for l in r.err.splitlines() if l.strip()]) == 1, r.err

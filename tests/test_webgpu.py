@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 import dmlopt
 from dmlopt.report import html_page as html_report
-from dmlopt.runtime import sessions as runtime
+from dmlopt.runtime import bench, sessions as runtime
 from dmlopt.targets import session_config
 from dmlopt.engine.pipeline import op_counts
 from dmlopt.runtime import vulkan as adapter
@@ -158,6 +158,21 @@ def test_session_config_runs_on_the_ep_with_graph_capture(small_sam, tmp_path):
     for _ in range(2):  # capture, then replay
         session.run_with_iobinding(binding)
         np.testing.assert_allclose(y_device.numpy(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_bench_times_a_captured_run_as_the_session_file_runs_it(cli):
+    """--graph-capture: device inputs and outputs bound once, capture then replay; the captured run's outputs are
+    the plain session's (the GPU measured this x1.20 on SAM ViT-B: benchmarks/README.md)."""
+    r = cli("bench", DATA / "cnn_leaky.onnx", "--ep", "webgpu", "--graph-capture", "--runs", "2", "--warmup", "1",
+            "--json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert "graph capture" in out["io_binding"] and out["provider_options"]["enableGraphCapture"] == "1"
+    model = bundled("cnn_leaky.onnx")
+    captured = bench.Timer(model, "webgpu", graph_capture=True, profile=False)
+    plain = bench.Timer(model, "webgpu", feeds=captured.feeds, profile=False)
+    for _ in range(2):  # replayed runs give the same numbers
+        np.testing.assert_allclose(captured.run_outputs()[0], plain.run_outputs()[0], rtol=1e-5, atol=1e-6)
 
 
 def test_cli_commands_give_the_same_placement(cli, tmp_path):

@@ -294,6 +294,10 @@ def build_parser() -> Parser:
     p.add_argument("--cuda-graph", action="store_true",
                    help="CUDA EP: run the model as a CUDA graph (enable_cuda_graph=1, inputs and outputs bound "
                         "once on the GPU); a model that cannot be captured is an error naming why")
+    p.add_argument("--graph-capture", action="store_true",
+                   help="CUDA or WebGPU EP: capture one run and replay it, as dmlopt's session file runs a model "
+                        "that is ready for it (enable_cuda_graph=1 / enableGraphCapture=1, inputs and outputs "
+                        "bound once on the GPU; WebGPU's outputs still read back each run)")
     p.add_argument("--emulate", metavar="dml-VERSION",
                    help="time as DirectML of that ORT version would place the graph (e.g. dml-1.14): predicted "
                         "CPU nodes on the CPU EP, the rest on CUDA when present")
@@ -607,8 +611,9 @@ def cmd_bench(args) -> int:
         raise UsageError("--tune-ep times one model: drop --compare")
     if args.profile and args.warmup < 1:
         raise UsageError("--profile reads ORT's profile of the warm-up runs: give --warmup >= 1")
-    if args.cuda_graph and (args.profile or args.emulate):
-        raise UsageError("--cuda-graph replays a captured graph, which has no per-node profile: drop "
+    capture_flag = "--cuda-graph" if args.cuda_graph else "--graph-capture" if args.graph_capture else None
+    if capture_flag and (args.profile or args.emulate):
+        raise UsageError(f"{capture_flag} replays a captured graph, which has no per-node profile: drop "
                          + ("--profile" if args.profile else "--emulate"))
     shapes, dims = _shapes(args)
     progress = _progress(args)
@@ -626,11 +631,14 @@ def cmd_bench(args) -> int:
         raise UsageError("--dml-host and --ort-version run the real DirectML EP under Wine: add --ep dml")
     target = runtime.resolve_ep(args.ep)
     if args.cuda_graph and target != "cuda":
-        raise UsageError(f"--cuda-graph applies to the CUDA EP (--ep cuda), not {target}")
+        raise UsageError(f"--cuda-graph applies to the CUDA EP (--ep cuda), not {target}: --graph-capture "
+                         "covers CUDA and WebGPU")
+    if args.graph_capture and target not in bench.GRAPH_CAPTURE:
+        raise UsageError(f"--graph-capture applies to the CUDA and WebGPU EPs (--ep cuda, --ep webgpu), not {target}")
     options = bench.parse_provider_options(target, args.provider_option,
                                            disable_metacommands=args.disable_metacommands)
     common = dict(runs=args.runs, warmup=args.warmup, shapes=shapes, dims=dims, free_dims=dims,
-                  provider_options=options, progress=progress, cuda_graph=args.cuda_graph)
+                  provider_options=options, progress=progress, graph_capture=bool(capture_flag))
     model, other = load(args.model), None
     try:
         if args.tune_ep:
@@ -644,10 +652,10 @@ def cmd_bench(args) -> int:
         else:
             out = bench.time_model(model, target, **common)
     except InputError as e:
-        if not args.cuda_graph:
+        if not capture_flag:
             raise
         # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
-        raise InputError(f"{e} ({graph_capture_readiness(model, 'cuda').line()})") from e
+        raise InputError(f"{e} ({_capture_readiness(model, target).line()})") from e
     note = bench.target_note([m for m in (model, other) if m is not None], out["provider"])
     if note:
         out["note"] = note
@@ -661,6 +669,7 @@ def _bench_real_dml(args, shapes, dims) -> int:
     --compare runs where the host's device is a GPU (a software device's times compare nothing)."""
     ep = real_ep.resolve(args.dml_host, args.ort_version, required=True, what="bench --ep dml")
     refused = [flag for flag, on in (("--tune-ep", args.tune_ep), ("--cuda-graph", args.cuda_graph),
+                                     ("--graph-capture", args.graph_capture),
                                      ("--provider-option", args.provider_option),
                                      ("--disable-metacommands", args.disable_metacommands)) if on]
     if refused:
@@ -743,3 +752,11 @@ COMMANDS = {
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _capture_readiness(model, target: str):
+    """What stops graph capture of `model` on `target`, as inspect and optimize say it (WebGPU: placement
+    measured on the EP)."""
+    if target == "webgpu":
+        return webgpu_placement.readiness(model, webgpu_placement.measure(model))
+    return graph_capture_readiness(model, target)

@@ -20,9 +20,12 @@ What a measurement holds, and why:
      averaged over the warm-up runs after the first.  The CUDA EP launches kernels
      asynchronously, so its per-node times hold the kernel only when CUDA_LAUNCH_BLOCKING=1 is
      set for the process (which also inflates the latency: read the proportions).
-  6. A CUDA graph (``cuda_graph=True``: enable_cuda_graph=1) replays fixed device addresses, so
-     inputs and outputs are bound to OrtValues allocated once; a model that cannot be captured
-     (nodes off the GPU, copies, outputs of unknown shape) is a one-line error naming why.
+  6. Graph capture (``graph_capture=True``: CUDA's enable_cuda_graph=1, WebGPU's
+     enableGraphCapture=1) replays fixed device addresses, so inputs and outputs are bound to
+     OrtValues allocated once on the device, as dmlopt's session file says to run a captured model
+     (WebGPU refuses host-bound inputs under capture); WebGPU's outputs are still read back in
+     each timed run (HOST_OUTPUTS); a model that cannot be captured (nodes off the GPU, copies,
+     outputs of unknown shape) is a one-line error naming why.
   7. Sessions start from the model's own weights (``runtime.session(share_weights=True)``: ORT
      gets them in memory before its rewrites, prepacking as from a file), and the models timed
      together share one host copy of each weight they have in common (``runtime.WeightValues``):
@@ -86,6 +89,8 @@ DEVICE_TYPES = {"cuda": "cuda", "dml": "dml", "webgpu": "webgpu"}
 # 7-Conv CNN at 0.075 ms with device outputs, the dispatch alone).
 HOST_OUTPUTS = {"webgpu": "WebGPU's Run only submits the work; reading the outputs waits for it"}
 CUDA_GRAPH = "enable_cuda_graph"
+# The provider option that records one run as a GPU graph and replays it, per target.
+GRAPH_CAPTURE = {"cuda": CUDA_GRAPH, "webgpu": "enableGraphCapture"}
 # Slowest nodes listed by --profile.
 SLOWEST = 15
 
@@ -194,15 +199,17 @@ class Timer:
     def __init__(self, model: ir.Model, target: str, *, shapes=None, dims=None, feeds=None,
                  provider_options: Mapping[str, Any] | None = None, free_dims: Mapping[str, int] | None = None,
                  seed: int = 0, io_binding: bool | None = None, profile: bool = True, cuda_graph: bool = False,
-                 weight_cache: runtime.WeightValues | None = None):
+                 weight_cache: runtime.WeightValues | None = None, graph_capture: bool = False):
         if target == "cuda":
             _preload_cuda()
         provider_options = dict(provider_options or {})
-        if cuda_graph:
-            if target != "cuda":
-                raise UsageError(f"--cuda-graph applies to the CUDA EP (--ep cuda), not {target}")
-            provider_options[CUDA_GRAPH] = "1"
-        self.cuda_graph = target == "cuda" and str(provider_options.get(CUDA_GRAPH, "0")) == "1"
+        if cuda_graph or graph_capture:
+            if target not in GRAPH_CAPTURE:
+                raise UsageError(f"graph capture applies to the CUDA and WebGPU EPs (--ep cuda, --ep webgpu), "
+                                 f"not {target}")
+            provider_options[GRAPH_CAPTURE[target]] = "1"
+        # named cuda_graph since CUDA had it first: any captured run (CUDA graph, WebGPU graph capture)
+        self.cuda_graph = target in GRAPH_CAPTURE and str(provider_options.get(GRAPH_CAPTURE[target], "0")) == "1"
         if self.cuda_graph:
             profile = False  # a replayed graph has no per-node events; the capture run is not a timing
             io_binding = True
@@ -223,7 +230,7 @@ class Timer:
         except InputError as e:
             self._drop_profile_dir()
             if self.cuda_graph:
-                raise InputError(f"the model cannot run as a CUDA graph: {e}") from e
+                raise InputError(f"the model cannot run {self._captured}: {e}") from e
             raise
         except Exception:
             self._drop_profile_dir()
@@ -251,7 +258,11 @@ class Timer:
             try:
                 self.once()  # the capture: ORT records the graph on the first run
             except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-                raise InputError(f"the model cannot run as a CUDA graph: {runtime._first_line(e)}") from e
+                raise InputError(f"the model cannot run {self._captured}: {runtime._first_line(e)}") from e
+
+    @property
+    def _captured(self) -> str:
+        return "as a CUDA graph" if self.target == "cuda" else "under WebGPU graph capture"
 
     def _bind(self, device_id: int) -> None:
         """Inputs on the device once, outputs to the device: transfers of I/O are not timed."""
@@ -276,9 +287,10 @@ class Timer:
             for name, value in zip(self.outputs, self._device_outputs):
                 binding.bind_ortvalue_output(name, value)
             if where_in != device:
-                raise InputError(f"the model cannot run as a CUDA graph: its inputs could not be placed on {device}")
+                raise InputError(f"the model cannot run {self._captured}: its inputs could not be placed on {device}")
             self._binding = binding
-            self.io_binding = f"inputs on {where_in}, outputs on {device} (allocated once, CUDA graph)"
+            self.io_binding = (f"inputs on {where_in}, outputs on {device} (allocated once, "
+                               + ("CUDA graph)" if self.target == "cuda" else "graph capture; read back each run)"))
             return
         try:
             if self.target in HOST_OUTPUTS:
@@ -306,6 +318,9 @@ class Timer:
                 if self._binding is not None:
                     self.session.run_with_iobinding(self._binding)
                     self._binding.synchronize_outputs()
+                    if self.cuda_graph and self.target in HOST_OUTPUTS:  # the read-back waits for the GPU
+                        for value in self._device_outputs:
+                            value.numpy()
                 else:
                     self.session.run(self.outputs, self.feeds)
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
