@@ -664,6 +664,14 @@ def cmd_bench(args) -> int:
     return EXIT_OK
 
 
+def _capture_readiness(model, target: str):
+    """What stops graph capture of `model` on `target`, as inspect and optimize say it (WebGPU: placement
+    measured on the EP)."""
+    if target == "webgpu":
+        return webgpu_placement.readiness(model, webgpu_placement.measure(model))
+    return graph_capture_readiness(model, target)
+
+
 def _bench_real_dml(args, shapes, dims) -> int:
     """bench --ep dml on the Wine host: each model in its own host process; the report names the device.
     --compare runs where the host's device is a GPU (a software device's times compare nothing)."""
@@ -752,11 +760,3 @@ COMMANDS = {
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _capture_readiness(model, target: str):
-    """What stops graph capture of `model` on `target`, as inspect and optimize say it (WebGPU: placement
-    measured on the EP)."""
-    if target == "webgpu":
-        return webgpu_placement.readiness(model, webgpu_placement.measure(model))
-    return graph_capture_readiness(model, target)
