@@ -26,6 +26,7 @@ _MODULES = [
     "relpos_attention",
     "pad_concat",
     "linear_gemm",
+    "gemm_weights",
     "norm_fusion",
     "copies",
 ]
