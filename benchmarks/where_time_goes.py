@@ -15,7 +15,8 @@ records a compiled partition as one node), so the GPU's time is measured from ou
   tokens) in the forms dmlopt could write: as now, without the bias, with the present_key/present_value
   outputs named (the flash path of some ORT builds), the bias folded into Q/K (192-wide heads, V padded), and
   the windows as heads of one batch.
-- whole model (WebGPU): dmlopt's output as written and with every MultiHeadAttention's present outputs named.
+- whole model (WebGPU): dmlopt's output as written, with every MultiHeadAttention's present outputs named, with
+  attention kept unfused, and the output and the unfused one under graph capture.
 - linear: the MLP's two products (4096 x 768 x 3072) as Gemm, MatMul+Add (2D, 3D), Gemm with B transposed, and
   1x1 Conv.
 Every form is a chain of `--repeat` copies fed from one input so a run's fixed cost (upload, read-back) is
@@ -42,6 +43,7 @@ import onnx_ir as ir  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import dmlopt  # noqa: E402
+from dmlopt.errors import DmlOptError  # noqa: E402
 from dmlopt.io.tables import format_table  # noqa: E402
 from dmlopt.runtime import bench, ort_model, sessions as runtime  # noqa: E402
 from dmlopt.runtime import vulkan as adapter  # noqa: E402
@@ -136,6 +138,19 @@ def attention_chain(dtype: str, form: str, *, batch: int, side: int, heads: int 
             (x,) = b.op("Concat", parts, axis=1)
             continue
         bias = relpos_bias(b, x, batch, side, heads, head, windows_as_heads)[0] if with_bias else None
+        if form.startswith("unfused"):  # MatMul(q*s, k^T) + bias, Softmax, MatMul(P, v): attention=keep's ops
+            (h,) = b.op("Reshape", [x, b.ints(batch, seq, heads, head)])
+            (qh,) = b.op("Transpose", [h], perm=[0, 2, 1, 3])
+            (kt,) = b.op("Transpose", [h], perm=[0, 2, 3, 1])
+            (qs,) = b.op("Mul", [qh, b.const(np.array(1 / np.sqrt(head), b.np))])
+            (scores,) = b.op("MatMul", [qs, kt])
+            if bias is not None:
+                (scores,) = b.op("Add", [scores, bias])
+            (probs,) = b.op("Softmax", [scores], axis=-1)
+            (y,) = b.op("MatMul", [probs, qh])
+            (y,) = b.op("Transpose", [y], perm=[0, 2, 1, 3])
+            (x,) = b.op("Reshape", [y, b.ints(batch, seq, hidden)])
+            continue
         q = x
         if windows_as_heads:  # (B, S, N*H) -> (1, S, B*N*H): every (window, head) pair is one head
             (t,) = b.op("Transpose", [x], perm=[1, 0, 2])
@@ -190,24 +205,33 @@ def linear_chain(dtype: str, form: str, *, tokens: int = 4096, dim: int = 768, w
 
 
 SIMPLE = " [storageBufferCacheMode=simple]"
+CAPTURE = " [graph capture]"
 ATTENTION_FORMS = ("as dmlopt writes it", "present outputs named", "no bias", "no bias, present outputs",
                    "relpos fold (192-wide heads), present outputs", "query chunks 8 (512 rows each)",
                    "query chunks 4 (1024 rows each)", "as dmlopt writes it" + SIMPLE, "no bias" + SIMPLE,
-                   "query chunks 8 (512 rows each)" + SIMPLE)
+                   "query chunks 8 (512 rows each)" + SIMPLE, "unfused (MatMul, Add, Softmax, MatMul)",
+                   "unfused, no bias")
 WINDOW_FORMS = ("as dmlopt writes it", "present outputs named", "windows as heads", "windows as heads, present",
-                "as dmlopt writes it" + SIMPLE)
+                "as dmlopt writes it" + SIMPLE, "unfused (MatMul, Add, Softmax, MatMul)")
 LINEAR_FORMS = ("Gemm", "MatMul+Add 2D", "MatMul+Add 3D", "Gemm transB", "Conv 1x1")
 
 
 def timed(models: dict[str, ir.Model], args, runs: int) -> dict:
     """bench.compare's {"models": {name: {latency_ms, ratio_median}}} on the chosen EP; the first model is the
-    baseline.  A name ending in "[key=value]" runs with that provider option (WebGPU)."""
+    baseline.  A name ending in "[key=value]" runs with that provider option, one ending in CAPTURE under graph
+    capture (WebGPU)."""
     if args.ep != "dml":
         feeds, _ = bench.same_inputs(models)
         timers = {}
         for name, model in models.items():
-            options = dict([name.rsplit("[", 1)[1].rstrip("]").split("=", 1)]) if name.endswith("]") else None
-            timers[name] = bench.Timer(model, args.ep, feeds=feeds, provider_options=options, profile=False)
+            capture = name.endswith(CAPTURE)
+            options = (dict([name.rsplit("[", 1)[1].rstrip("]").split("=", 1)])
+                       if name.endswith("]") and not capture else None)
+            try:
+                timers[name] = bench.Timer(model, args.ep, feeds=feeds, provider_options=options, profile=False,
+                                           graph_capture=capture)
+            except DmlOptError as e:  # the row is left out, saying why
+                print(f"  {name}: not timed: {e}", flush=True)
         return bench.alternate(timers, runs=runs, warmup=args.warmup)
     first = next(iter(models.values()))
     feeds = runtime.random_inputs(runtime.input_specs(first, dims={"batch": 1}), 0)
@@ -225,6 +249,7 @@ def picked(forms, args) -> list[str]:
 def time_group(title: str, models: dict[str, ir.Model], args, per: int) -> None:
     t0 = time.perf_counter()
     result = timed(models, args, args.runs)
+    models = {name: m for name, m in models.items() if name in result["models"]}
     rows = [("form", "ms per copy", "min-p90 ms (whole run)", f"x {next(iter(models))}")]
     for name in models:
         m = result["models"][name]
@@ -377,9 +402,12 @@ def main(argv=None) -> int:
                                   **({"fp16_repair": False} if fp16 else {}), **extra).model
             print(f"dmlopt --target {args.ep} {dtype} built in {time.perf_counter() - t0:.0f} s", flush=True)
             if args.ep == "webgpu":
+                keep = dmlopt.optimize(export, target="webgpu", retime=False, validate=False, fp16=fp16,
+                                       attention="keep", **({"fp16_repair": False} if fp16 else {})).model
                 time_group(f"SAM ViT-B 1024 --target webgpu {dtype}, whole model",
                            {"as written": out, "present outputs named": with_present(out),
-                            "as written" + SIMPLE: out}, args, 1)
+                            "as written" + SIMPLE: out, "--attention keep": keep, "as written" + CAPTURE: out,
+                            "--attention keep" + CAPTURE: keep}, args, 1)
             if args.no_segments:
                 continue
             segments(out, args, f"SAM ViT-B 1024, --target {args.ep} {dtype}")

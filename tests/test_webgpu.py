@@ -175,6 +175,21 @@ def test_bench_times_a_captured_run_as_the_session_file_runs_it(cli):
         np.testing.assert_allclose(captured.run_outputs()[0], plain.run_outputs()[0], rtol=1e-5, atol=1e-6)
 
 
+def test_retime_and_tuning_time_webgpu_as_the_session_file_runs_it():
+    """optimize's re-timing and tuning time WebGPU under graph capture when every model compared can be captured
+    (what the session file enables), else every model without it, saying why."""
+    before = bundled("cnn_leaky.onnx")
+    after = dmlopt.optimize(before, target="webgpu", retime=False, validate=False).model
+    timing = bench.retime(before, after, "webgpu", runs=2, warmup=1)
+    assert timing["graph_capture"].startswith("on,") and "graph capture" in timing["io_binding"]
+    dynamic = dmlopt.load(DATA / "sam_small_dynamic.onnx")  # shape arithmetic on the CPU: ORT refuses capture
+    out = bench.compare({"fixed": bundled("sam_small.onnx"), "dynamic": dynamic}, "webgpu", runs=1, warmup=1,
+                        graph_capture="as-deployed", dims={"batch": 1})
+    note = out["graph_capture"]
+    assert note.startswith("off: dynamic cannot be captured") and "cannot run under WebGPU graph capture" in note, note
+    assert all("graph capture" not in m["io_binding"] for m in out["models"].values())
+
+
 def test_cli_commands_give_the_same_placement(cli, tmp_path):
     out = tmp_path / "cnn.onnx"
     assert cli("optimize", DATA / "cnn_leaky.onnx", "-o", out, "--target", "webgpu", "--json", "-q").code == 0

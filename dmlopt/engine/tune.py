@@ -446,7 +446,7 @@ class _Tuner:
                       dims=self.context.dims, progress=self.progress, label=f"tuning {what} ({len(builds)} candidates)")
         if self.context.engine.timer is not None:  # a DirectML host on a GPU
             return self.context.engine.timer(models, **common)
-        return bench.compare(models, self.context.target.ep, **common)
+        return bench.compare(models, self.context.target.ep, graph_capture="as-deployed", **common)
 
 
 _RESULTS = {"tuned": "tuned output", "default": "untuned default pipeline", "input": "input"}

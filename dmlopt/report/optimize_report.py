@@ -25,8 +25,9 @@ The JSON schema (documented in README.md, key names are stable):
                float16_nodes, reason, note} when float16 failed validation and the repair ran
   timing       {provider, before_ms, after_ms, speedup, ratio_median, ratio {median, p10, p90, runs, verdict},
                verdict, inputs, input_basis, runs, before{}, after{}, load_s_before, load_s_after,
-               copies_before, copies_after, io_binding} when re-timed; {provider, identical: true, verdict}
-               when no pass changed the graph (nothing timed)
+               copies_before, copies_after, io_binding, graph_capture (WebGPU: "on, ..." when both were timed
+               under capture as the session file runs them, "off: why" otherwise)} when re-timed;
+               {provider, identical: true, verdict} when no pass changed the graph (nothing timed)
   not_timed    why there is no timing (null when timed)
   placement    {before, after} predicted DirectML placement, when computed
   graph_capture  {target, provider, ort_version, ready, line, basis, blockers [{kind, summary, detail,
@@ -181,6 +182,8 @@ class Report:
             shapes = f" with {shapes_text(t['inputs'])}" if t.get("inputs") else ""
             lines.append(f"timing on {t.get('provider')}{shapes}: {t['before_ms']:.3f} ms -> {t['after_ms']:.3f} ms, "
                          + t.get("verdict", f"x{t['speedup']:.2f}"))
+            if t.get("graph_capture"):
+                lines.append(f"graph capture while timing: {t['graph_capture']}")
             if t.get("device_note"):
                 lines.append(t["device_note"])
             if self.target == "dml" and t.get("provider") != DML_PROVIDER:

@@ -91,6 +91,11 @@ HOST_OUTPUTS = {"webgpu": "WebGPU's Run only submits the work; reading the outpu
 CUDA_GRAPH = "enable_cuda_graph"
 # The provider option that records one run as a GPU graph and replays it, per target.
 GRAPH_CAPTURE = {"cuda": CUDA_GRAPH, "webgpu": "enableGraphCapture"}
+# Targets timed as dmlopt's session file runs a model (optimize's re-timing, tuning): under graph capture
+# when every model compared can be captured, else all without it.  WebGPU: capture removes ORT's per-node
+# dispatch, a third of SAM ViT-B's run on an H100 (benchmarks/README.md), so an uncaptured time misjudges
+# what a user of the session file gets.
+CAPTURED_AS_DEPLOYED = ("webgpu",)
 # Slowest nodes listed by --profile.
 SLOWEST = 15
 
@@ -280,7 +285,7 @@ class Timer:
                 binding.bind_cpu_input(name, value)
             where_in = "cpu"
         if self.cuda_graph:  # a graph replays fixed addresses: outputs allocated once, like the inputs
-            shapes = static_output_shapes(self.session)
+            shapes = static_output_shapes(self.session, self._captured)
             self._device_outputs = [
                 rt.OrtValue.ortvalue_from_shape_and_type(shape, runtime.NUMPY_TYPES[o.type], device, device_id)
                 for o, shape in zip(self.session.get_outputs(), shapes)]
@@ -360,12 +365,12 @@ class Timer:
         return None if self.profile is None else self.profile["copies"]
 
 
-def static_output_shapes(session) -> list[list[int]]:
-    """Each output's shape, all dims known: what preallocating outputs (a CUDA graph) needs."""
+def static_output_shapes(session, how: str = "as a CUDA graph") -> list[list[int]]:
+    """Each output's shape, all dims known: what preallocating outputs (graph capture) needs."""
     shapes = []
     for o in session.get_outputs():
         if not all(isinstance(d, int) and d >= 0 for d in o.shape):
-            raise InputError(f"the model cannot run as a CUDA graph: output {o.name!r} has shape {list(o.shape)}, "
+            raise InputError(f"the model cannot run {how}: output {o.name!r} has shape {list(o.shape)}, "
                              "not static (freeze it: dmlopt optimize --shape/--dim)")
         shapes.append(list(o.shape))
     return shapes
@@ -561,13 +566,40 @@ def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 
     else:
         basis = []
     cache = runtime.WeightValues()  # the models share most weights: one host copy of each
-    timers = {name: Timer(m, target, profile=warmup > 0, weight_cache=cache, **kw) for name, m in models.items()}
+    capture = kw.pop("graph_capture", False)
+    timers, capture_note = make_timers(models, target, graph_capture=capture, profile=warmup > 0, weight_cache=cache,
+                                       **kw)
     out = alternate(timers, runs=runs, warmup=warmup, baseline=baseline, progress=progress,
                     label=label or f"timing {len(timers)} models on {runtime.PROVIDERS[target]}",
                     min_sample_ms=min_sample_ms)
+    if capture_note:
+        out["graph_capture"] = capture_note
     out["inputs"] = {k: list(v.shape) for k, v in kw["feeds"].items()}
     out["input_basis"] = basis
     return {**out, **device_note(target)}
+
+
+def make_timers(models: Mapping[str, ir.Model], target: str, *, graph_capture: bool | str = False,
+                **kw) -> tuple[dict[str, Timer], str | None]:
+    """A Timer per model, and what was done about graph capture (None: not asked).
+
+    ``graph_capture="as-deployed"``: on CAPTURED_AS_DEPLOYED targets every model under capture, as the session
+    file runs a ready one; if any model cannot be captured, every model without it (the comparison stays like
+    for like) and the note says which and why."""
+    if graph_capture == "as-deployed":
+        if target not in CAPTURED_AS_DEPLOYED:
+            graph_capture = False
+        else:
+            timers = {}
+            for name, model in models.items():
+                try:
+                    timers[name] = Timer(model, target, graph_capture=True, **kw)
+                except InputError as e:
+                    timers = {name: Timer(m, target, **kw) for name, m in models.items()}
+                    return timers, f"off: {name} cannot be captured ({e}), so no model was"
+            return timers, "on, as the session file runs a model that is ready for it"
+    timers = {name: Timer(m, target, graph_capture=bool(graph_capture), **kw) for name, m in models.items()}
+    return timers, ("on" if graph_capture else None)
 
 
 def same_inputs(models: Mapping[str, ir.Model], shapes=None, dims=None, seed: int = 0
@@ -765,8 +797,8 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
     basis: list[str] = []
     feeds = make_inputs(before, after, shapes, dims, inputs, basis=basis)
     cache = runtime.WeightValues()
-    timers = {"before": Timer(before, target, feeds=feeds, weight_cache=cache),
-              "after": Timer(after, target, feeds=feeds, weight_cache=cache)}
+    timers, capture_note = make_timers({"before": before, "after": after}, target, graph_capture="as-deployed",
+                                       feeds=feeds, weight_cache=cache)
     if runs is None:
         t0 = time.perf_counter()
         for timer in timers.values():
@@ -775,7 +807,8 @@ def retime(before: ir.Model, after: ir.Model, target: str, *, shapes=None, dims=
         runs = max(RETIME_MIN_RUNS, min(RETIME_MAX_RUNS, int(RETIME_BUDGET_S / max(pair_s, 1e-6))))
     result = alternate(timers, runs=runs, warmup=warmup, baseline="before", progress=progress,
                        label=f"timing before/after on {runtime.PROVIDERS[target]}")
-    return {**before_after(result, feeds, basis, runs), **device_note(target)}
+    return {**before_after(result, feeds, basis, runs), **device_note(target),
+            **({"graph_capture": capture_note} if capture_note else {})}
 
 
 def before_after(result: Mapping[str, Any], feeds: Mapping[str, np.ndarray], basis: list[str],
