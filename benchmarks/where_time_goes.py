@@ -7,14 +7,16 @@ forms of its two heavy kernels (attention, the MLP's matrix products) timed side
 ORT's profile holds CPU-side times only there (the WebGPU plug-in's timestamp queries do not reach it; DirectML
 records a compiled partition as one node), so the GPU's time is measured from outside, in one run:
 
-- segments: the model cut after each tensor that alone carries everything later nodes need (a ViT's block
-  outputs); each prefix is timed in alternation with the others, and a segment's time is the difference of
-  medians between its prefix and the one before (every prefix reads back one tensor of the same size).
+- segments: the model cut where at most two tensors carry everything later nodes need (a ViT block's boundary:
+  the residual sum and its normalized form), at about evenly spaced nodes; each prefix, its outputs reduced to
+  scalar means, is timed in alternation with the others, and a segment's time is the difference of medians
+  between its prefix and the one before.
 - attention: MultiHeadAttention chains at SAM ViT-B's sizes (global: 1 x 4096 tokens x 12 heads, with the
   (1, 12, 4096, 4096) relative-position bias built in the graph as SAM builds it; windowed: 25 windows x 196
   tokens) in the forms dmlopt could write: as now, without the bias, with the present_key/present_value
-  outputs named (the flash path of some ORT builds), the bias folded into Q/K (192-wide heads, V padded), and
-  the windows as heads of one batch.
+  outputs named (the flash path of some ORT builds), the bias folded into Q/K (192-wide heads, V padded), the
+  query rows in chunks, the windows as heads of one batch, unfused (MatMul, Add, Softmax, MatMul), and with
+  WebGPU's `simple` buffer cache.
 - whole model (WebGPU): dmlopt's output as written, with every MultiHeadAttention's present outputs named, with
   attention kept unfused, and the output and the unfused one under graph capture.
 - linear: the MLP's two products (4096 x 768 x 3072) as Gemm, MatMul+Add (2D, 3D), Gemm with B transposed, and
