@@ -5,7 +5,7 @@ batch frozen) it prints, in one run:
   - the placement model's prediction for DirectML (CPU nodes, copies, compiled partitions);
   - what ORT's CUDA EP really does (nodes on the CPU EP and Memcpy nodes, from a profile),
     when CUDA is here;
-  - median latency on the GPU provider, and emulated DirectML (`dmlopt.emulate`: predicted
+  - median latency on the GPU provider, and emulated DirectML (`dmlopt.targets.dml.emulate`: predicted
     CPU parts on the CPU EP, the rest on the GPU provider), with the ratio optimized/original.
 
     python benchmarks/copies.py [--ort-version 1.14] [--runs 40] [MODEL.onnx ...]

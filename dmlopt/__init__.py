@@ -10,8 +10,6 @@ Python API (usable from an export script)::
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 from dmlopt.errors import CheckFailed, DmlOptError, InputError, OutputError, UsageError
@@ -30,24 +28,10 @@ def __getattr__(name: str) -> Any:
     if name in ("Result", "optimize"):
         from dmlopt.engine import pipeline
         return getattr(pipeline, name)
-    raise AttributeError(f"module 'dmlopt' has no attribute '{name}'")
-
-
-class _Api(types.ModuleType):
-    """`dmlopt.validate` is the function, as when it was imported eagerly: loading the submodule
-    dmlopt.validate sets the package's attribute of that name, which this property ignores."""
-
-    @property
-    def validate(self):
+    if name == "validate":
         from dmlopt.runtime.validate import validate
         return validate
-
-    @validate.setter
-    def validate(self, _submodule) -> None:
-        pass
-
-
-sys.modules[__name__].__class__ = _Api
+    raise AttributeError(f"module 'dmlopt' has no attribute '{name}'")
 
 
 __all__ = [

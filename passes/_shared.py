@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 from onnxscript.rewriter import pattern
 
 from dmlopt.graph import shape_inference
 from dmlopt.passes._base import SiteRule
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16})
+
+
+class DeduplicateInitializers(common_passes.DeduplicateInitializersPass):
+    """onnx_ir's DeduplicateInitializersPass without its warning for each initializer it rightly leaves alone
+    ("Skipped deduplication of initializer ... as it is a graph input or output": a caller may override it).
+    Through dmlopt's Python API that warning reached the user's stderr once per such initializer, and a model
+    of IR version < 4 lists every initializer as a graph input; the choice is the right one and nothing to say."""
+
+    _LOGGER = logging.getLogger(common_passes.DeduplicateInitializersPass.__module__)
+
+    @staticmethod
+    def _drop(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Skipped deduplication")
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self._LOGGER.addFilter(self._drop)
+        try:
+            return super().call(model)
+        finally:
+            self._LOGGER.removeFilter(self._drop)
 
 
 class Decline(Exception):

@@ -41,3 +41,32 @@ def test_unreadable_data_is_not_a_constant(tmp_path):
         base_dir=str(tmp_path)))
     assert constant_array(value) is None
     assert constant_array(None) is None
+
+
+def test_deduplication_says_nothing_of_the_initializers_it_leaves(caplog):
+    """Equal initializers, one a graph input (overridable): kept apart, and no warning per such initializer
+    reaches the caller's logs (onnx_ir's own pass writes one: the test's control)."""
+    import logging
+
+    import onnx_ir.passes.common as common_passes
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dmlopt.passes._shared import DeduplicateInitializers
+
+    def model():
+        w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+        v = numpy_helper.from_array(np.ones((2, 2), np.float32), "v")
+        g = helper.make_graph([helper.make_node("Add", ["w", "v"], ["y"])], "g",
+                              [helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], [w, v])
+        return ir.serde.deserialize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+    with caplog.at_level(logging.INFO):
+        common_passes.DeduplicateInitializersPass()(model())
+    assert any("Skipped deduplication" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    m = model()
+    with caplog.at_level(logging.INFO):
+        DeduplicateInitializers()(m)
+    assert not any("Skipped deduplication" in r.getMessage() for r in caplog.records)
+    assert sorted(m.graph.initializers) == ["v", "w"]  # the graph input is not merged into v

@@ -47,6 +47,7 @@ from onnxscript.optimizer import _constant_folding as constant_folding
 from dmlopt.io.model import initializer_bytes
 from dmlopt.passes._base import DmlPass, OpsetGate, remove_unused_nodes, restore
 from dmlopt.passes._folding import SkippingFailedFolds, check_failure, first_cause
+from dmlopt.passes._shared import DeduplicateInitializers
 from dmlopt.graph.shape_inference import check_function_expansion, fold_refusal
 
 MAX_GROWTH = 0.01
@@ -141,7 +142,7 @@ def optimizer_passes(output_limit: int, should_fold: Callable[[ir.Node], bool | 
     return ir.passes.Sequential(
         common_passes.InlinePass(), folding, common_passes.RemoveUnusedNodesPass(),
         common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
-        common_passes.LiftSubgraphInitializersToMainGraphPass(), common_passes.DeduplicateInitializersPass(),
+        common_passes.LiftSubgraphInitializersToMainGraphPass(), DeduplicateInitializers(),
         common_passes.CommonSubexpressionEliminationPass(), common_passes.NameFixPass())
 
 

@@ -62,7 +62,8 @@ from onnxscript.rewriter.rules import common as common_rules
 from dmlopt.graph import shape_inference
 from dmlopt.io.model import initializer_bytes, tensor_bytes
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, remove_unused_nodes, restore
-from dmlopt.passes._shared import ReshapeNoOp, constant_array, graph_values, infer_static_dims, is_static, show_shape
+from dmlopt.passes._shared import (DeduplicateInitializers, ReshapeNoOp, constant_array, graph_values, infer_static_dims,
+                                   is_static, show_shape)
 from dmlopt.graph.shapes import check_shapes, free_dimensions, runtime_inputs
 
 # Expand/Tile/ConstantOfShape/Range results above this many elements stay ops.
@@ -181,7 +182,7 @@ class FreezeShapesPass(DmlPass):
                 break
         for step in (common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
                      common_passes.LiftSubgraphInitializersToMainGraphPass(),
-                     common_passes.DeduplicateInitializersPass(),
+                     DeduplicateInitializers(),
                      common_passes.CommonSubexpressionEliminationPass(),
                      remove_unused_nodes,
                      common_passes.NameFixPass()):

@@ -33,7 +33,8 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter.rules import common as common_rules
 
 from dmlopt.passes._base import DmlPass, SiteRule, apply_rules, eliminate_identities, remove_unused_nodes
-from dmlopt.passes._shared import ReshapeNoOp, constant_array, infer_static_dims, is_static, show_shape
+from dmlopt.passes._shared import (DeduplicateInitializers, ReshapeNoOp, constant_array, infer_static_dims, is_static,
+                                   show_shape)
 
 # Weights and biases of exported linears may be Constant nodes as well as initializers.
 _constant = functools.partial(constant_array, constant_nodes=True)
@@ -68,7 +69,7 @@ class LinearGemmPass(DmlPass):
         if count:
             eliminate_identities(model)
             remove_unused_nodes(model)
-            common_passes.DeduplicateInitializersPass()(model)  # the Reshape shapes of equal sites
+            DeduplicateInitializers()(model)  # the Reshape shapes of equal sites
             common_passes.NameFixPass()(model)
             infer_static_dims(model)  # the new Reshape/Gemm values
         return count > 0
