@@ -9,8 +9,9 @@ benchmarks/README.md).  Transposing the constant once makes the same product:
 
 Numerics: the same products and sums; a kernel may sum in another order, so equal within float
 rounding.  Declined, with the reason: a B that is computed or a graph input (an overridable
-initializer), a B that other nodes read too (transposing it would store the weight twice).  Default: as-stored for webgpu and dml (measured), keep for cpu and cuda (not measured
-there; the CPU EP packs B at session creation either way).
+initializer), a B that other nodes read too (transposing it would store the weight twice).
+Default: as-stored for webgpu and dml (measured), keep for cpu and cuda (not measured there; the
+CPU EP packs B at session creation either way).
 """
 
 from __future__ import annotations
