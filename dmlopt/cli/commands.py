@@ -655,7 +655,7 @@ def cmd_bench(args) -> int:
         if not capture_flag:
             raise
         # ORT's reason, then what the analysis says stops capture (which nodes, which dims).
-        raise InputError(f"{e} ({_capture_readiness(model, target).line()})") from e
+        raise InputError(f"{e} ({_capture_readiness(model, target, dims).line()})") from e
     note = bench.target_note([m for m in (model, other) if m is not None], out["provider"])
     if note:
         out["note"] = note
@@ -664,11 +664,11 @@ def cmd_bench(args) -> int:
     return EXIT_OK
 
 
-def _capture_readiness(model, target: str):
+def _capture_readiness(model, target: str, dims=None):
     """What stops graph capture of `model` on `target`, as inspect and optimize say it (WebGPU: placement
-    measured on the EP)."""
+    measured on the EP, with the --dim overrides bench ran)."""
     if target == "webgpu":
-        return webgpu_placement.readiness(model, webgpu_placement.measure(model))
+        return webgpu_placement.readiness(model, webgpu_placement.measure(model, dims=dims))
     return graph_capture_readiness(model, target)
 
 

@@ -213,9 +213,9 @@ class Timer:
                 raise UsageError(f"graph capture applies to the CUDA and WebGPU EPs (--ep cuda, --ep webgpu), "
                                  f"not {target}")
             provider_options[GRAPH_CAPTURE[target]] = "1"
-        # named cuda_graph since CUDA had it first: any captured run (CUDA graph, WebGPU graph capture)
-        self.cuda_graph = target in GRAPH_CAPTURE and str(provider_options.get(GRAPH_CAPTURE[target], "0")) == "1"
-        if self.cuda_graph:
+        # a captured run (CUDA graph, WebGPU graph capture); `cuda_graph` is the older spelling of the argument
+        self.captured = target in GRAPH_CAPTURE and str(provider_options.get(GRAPH_CAPTURE[target], "0")) == "1"
+        if self.captured:
             profile = False  # a replayed graph has no per-node events; the capture run is not a timing
             io_binding = True
         provider_opts, session_config = split_options(provider_options)
@@ -234,8 +234,8 @@ class Timer:
                                            weight_cache=weight_cache)
         except InputError as e:
             self._drop_profile_dir()
-            if self.cuda_graph:
-                raise InputError(f"the model cannot run {self._captured}: {e}") from e
+            if self.captured:
+                raise InputError(f"the model cannot run {self._capture_name}: {e}") from e
             raise
         except Exception:
             self._drop_profile_dir()
@@ -259,14 +259,14 @@ class Timer:
         self._binding = None
         if io_binding if io_binding is not None else target in DEVICE_TYPES:
             self._bind(int(provider_opts.get("device_id", 0)))
-        if self.cuda_graph:
+        if self.captured:
             try:
                 self.once()  # the capture: ORT records the graph on the first run
             except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-                raise InputError(f"the model cannot run {self._captured}: {runtime._first_line(e)}") from e
+                raise InputError(f"the model cannot run {self._capture_name}: {runtime._first_line(e)}") from e
 
     @property
-    def _captured(self) -> str:
+    def _capture_name(self) -> str:
         return "as a CUDA graph" if self.target == "cuda" else "under WebGPU graph capture"
 
     def _bind(self, device_id: int) -> None:
@@ -284,15 +284,15 @@ class Timer:
             for name, value in self.feeds.items():
                 binding.bind_cpu_input(name, value)
             where_in = "cpu"
-        if self.cuda_graph:  # a graph replays fixed addresses: outputs allocated once, like the inputs
-            shapes = static_output_shapes(self.session, self._captured)
+        if self.captured:  # a graph replays fixed addresses: outputs allocated once, like the inputs
+            shapes = static_output_shapes(self.session, self._capture_name)
             self._device_outputs = [
                 rt.OrtValue.ortvalue_from_shape_and_type(shape, runtime.NUMPY_TYPES[o.type], device, device_id)
                 for o, shape in zip(self.session.get_outputs(), shapes)]
             for name, value in zip(self.outputs, self._device_outputs):
                 binding.bind_ortvalue_output(name, value)
             if where_in != device:
-                raise InputError(f"the model cannot run {self._captured}: its inputs could not be placed on {device}")
+                raise InputError(f"the model cannot run {self._capture_name}: its inputs could not be placed on {device}")
             self._binding = binding
             self.io_binding = (f"inputs on {where_in}, outputs on {device} (allocated once, "
                                + ("CUDA graph)" if self.target == "cuda" else "graph capture; read back each run)"))
@@ -323,7 +323,7 @@ class Timer:
                 if self._binding is not None:
                     self.session.run_with_iobinding(self._binding)
                     self._binding.synchronize_outputs()
-                    if self.cuda_graph and self.target in HOST_OUTPUTS:  # the read-back waits for the GPU
+                    if self.captured and self.target in HOST_OUTPUTS:  # the read-back waits for the GPU
                         for value in self._device_outputs:
                             value.numpy()
                 else:
@@ -556,7 +556,7 @@ def device_note(target: str) -> dict[str, str]:
 
 def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 20, warmup: int = 3,
             baseline: str | None = None, progress=None, label: str | None = None, min_sample_ms: float = 0.0,
-            **kw) -> dict[str, Any]:
+            graph_capture: bool | str = False, **kw) -> dict[str, Any]:
     """Time several models in alternation; ratios are each model's time over the baseline's, per round
     (`min_sample_ms`: see `alternate`)."""
     check_counts(runs, warmup)
@@ -566,9 +566,8 @@ def compare(models: Mapping[str, ir.Model], target: str = "cpu", *, runs: int = 
     else:
         basis = []
     cache = runtime.WeightValues()  # the models share most weights: one host copy of each
-    capture = kw.pop("graph_capture", False)
-    timers, capture_note = make_timers(models, target, graph_capture=capture, profile=warmup > 0, weight_cache=cache,
-                                       **kw)
+    timers, capture_note = make_timers(models, target, graph_capture=graph_capture, profile=warmup > 0,
+                                       weight_cache=cache, **kw)
     out = alternate(timers, runs=runs, warmup=warmup, baseline=baseline, progress=progress,
                     label=label or f"timing {len(timers)} models on {runtime.PROVIDERS[target]}",
                     min_sample_ms=min_sample_ms)
