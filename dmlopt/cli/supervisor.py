@@ -107,25 +107,32 @@ def _supervise(pid: int, ledger: str) -> int:
     for name in FORWARDED:
         if hasattr(signal, name):
             previous[name] = signal.signal(getattr(signal, name), forward)
+    try:
+        return _wait_and_clean(pid, ledger, received)
+    finally:
+        # Held until the cleanup and the report are done. After a signal the program only exits (130 or 128+N),
+        # so a further one (Ctrl-C pressed twice) is ignored rather than killing it with its exit status lost.
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), signal.SIG_IGN if received else handler)
+
+
+def _wait_and_clean(pid: int, ledger: str, received: list[int]) -> int:
+    """Wait for the worker (killing it after a second signal or the grace), end what it left, say what happened."""
     killed = False
     first_at = None
-    try:
-        while True:
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done, status = pid, 0
-            if done:
-                break
-            if received and first_at is None:
-                first_at = time.monotonic()  # the grace counts from here
-            if received and not killed and (len(received) > 1 or time.monotonic() - first_at > GRACE_S):
-                killed = True
-                _signal(pid, signal.SIGKILL)
-            time.sleep(POLL_S)
-    finally:
-        for name, handler in previous.items():
-            signal.signal(getattr(signal, name), handler)
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 0
+        if done:
+            break
+        if received and first_at is None:
+            first_at = time.monotonic()  # the grace counts from here
+        if received and not killed and (len(received) > 1 or time.monotonic() - first_at > GRACE_S):
+            killed = True
+            _signal(pid, signal.SIGKILL)
+        time.sleep(POLL_S)
     _kill_group(pid)  # anything the worker started that outlived it
     process_tree.end_marked(scratch.LEDGER_ENV, ledger)  # and what left the group (the DirectML host's Wine)
     left, complete = read_ledger(ledger)
